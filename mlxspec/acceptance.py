@@ -1,0 +1,51 @@
+"""Leviathan/Chen rejection sampling for a chain of drafted tokens, vectorized over positions.
+
+Pure functions of arrays: no model, no cache, no host sync. Everything stays lazy until the engine's one sync.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .sampling import sample
+
+
+def residual_distribution(target_probs: mx.array, draft_probs: mx.array) -> mx.array:
+    """norm(max(0, p - q)) per row; rows where it is all zero (p == q) fall back to p.
+
+    target_probs, draft_probs: [N, V]. Returns [N, V].
+    """
+    residual = mx.maximum(target_probs - draft_probs, 0.0)
+    mass = residual.sum(axis=-1, keepdims=True)
+    return mx.where(mass > 0, residual / mx.maximum(mass, 1e-30), target_probs)
+
+
+def accept_chain(
+    draft_tokens: mx.array,
+    draft_probs: mx.array,
+    target_probs: mx.array,
+    key: mx.array,
+    greedy: bool = False,
+) -> tuple[mx.array, mx.array]:
+    """Verify K drafted tokens against the target in one vectorized pass.
+
+    draft_tokens: [K] int32, the drafted tokens x_1..x_K, each sampled from its row of draft_probs.
+    draft_probs:  [K, V] processed draft distributions q_1..q_K.
+    target_probs: [K+1, V] processed target distributions p_1..p_{K+1}; p_i scores x_i and p_{K+1} is the bonus.
+    Returns (num_accepted [] int32 in 0..K, next_token [] int32): accept x_i with probability min(1, p_i(x_i)/q_i(x_i))
+    while all before it were accepted; then sample the next token from norm(max(0, p - q)) at the first rejection,
+    or from p_{K+1} when all K were accepted.
+    """
+    num_draft = draft_tokens.shape[0]
+    accept_key, sample_key = mx.random.split(key)
+    index = draft_tokens[:, None]
+    p_x = mx.take_along_axis(target_probs[:num_draft], index, axis=-1)[:, 0]
+    q_x = mx.take_along_axis(draft_probs, index, axis=-1)[:, 0]
+    u = mx.random.uniform(shape=(num_draft,), key=accept_key)
+    accepted = u * q_x < p_x  # u < p/q without dividing; q_x > 0 because x was sampled from q
+    num_accepted = mx.cumprod(accepted.astype(mx.int32)).sum().astype(mx.int32)
+    candidates = mx.concatenate(
+        [residual_distribution(target_probs[:num_draft], draft_probs), target_probs[num_draft:]], axis=0
+    )
+    chosen = mx.take(candidates, num_accepted, axis=0)
+    return num_accepted, sample(chosen, sample_key, greedy)

@@ -1,0 +1,209 @@
+"""The Python API: `mlxspec.load(...)` once, then `Speculator.generate` or `Speculator.stream`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+
+from .drafters import DraftModelDrafter
+from .engine import SpeculativeEngine
+from .errors import UserError
+from .loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, check_compatible, load_model
+from .sampling import SamplingConfig
+
+MAX_NUM_DRAFT = 64
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    prompt_seconds: float = 0.0
+    generation_seconds: float = 0.0
+    peak_memory_bytes: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha: the fraction of drafted tokens the target accepted."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """tau: generated tokens per target forward pass (1.0 for plain decoding)."""
+        return self.generated_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for name in ("acceptance_rate", "tokens_per_target_call", "tokens_per_second", "prompt_tokens_per_second"):
+            out[name] = getattr(self, name)
+        return out
+
+
+@dataclass
+class Chunk:
+    """One streamed piece: the text and tokens accepted in a step."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str | None = None  # "stop" (EOS or a stop string), "length", or None while running
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    stats: Stats = field(default_factory=Stats)
+    finish_reason: str | None = None
+
+
+def _check_num_draft(num_draft: int) -> None:
+    if not isinstance(num_draft, int) or not 1 <= num_draft <= MAX_NUM_DRAFT:
+        raise UserError(f"num_draft {num_draft} is outside 1..{MAX_NUM_DRAFT}; 4 is a good start")
+
+
+class Speculator:
+    """A loaded target (and optional draft) ready for repeated generation."""
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, num_draft: int = 4,
+                 kv_bits: int | None = None):
+        _check_num_draft(num_draft)
+        if draft is not None:
+            check_compatible(target, draft)
+        self.target = target
+        self.draft = draft
+        self.num_draft = num_draft
+        self.kv_bits = kv_bits
+        self.last_stats = Stats()
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        if isinstance(prompt, list):
+            tokens = list(prompt)
+        else:
+            if not prompt:
+                raise UserError("the prompt is empty; pass some text to continue")
+            if chat:
+                if not getattr(self.tokenizer, "chat_template", None):
+                    raise UserError(f"'{self.target.path}' has no chat template; drop --chat")
+                tokens = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                            add_generation_prompt=True)
+            else:
+                tokens = self.tokenizer.encode(prompt)
+        if not tokens:
+            raise UserError("the prompt encodes to no tokens; pass some text to continue")
+        context = self.target.context_length
+        if context is not None and len(tokens) > context:
+            raise UserError(f"the prompt has {len(tokens)} tokens but the model's context is {context}; shorten it")
+        return tokens
+
+    def stream(self, prompt: str | list[int], max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, min_p: float = 0.0, num_draft: int | None = None, seed: int = 0,
+               stop: list[str] | None = None, chat: bool = False, use_draft: bool = True) -> Iterator[Chunk]:
+        """Yield text as the target accepts it. Stats of the run land in `self.last_stats` as it goes."""
+        sampling = SamplingConfig(temperature, top_p, top_k, min_p)
+        sampling.validate()
+        num_draft = self.num_draft if num_draft is None else num_draft
+        _check_num_draft(num_draft)
+        if max_tokens < 1:
+            raise UserError(f"max_tokens {max_tokens} must be at least 1")
+        tokens = self.encode(prompt, chat)
+        stops = [s for s in (stop or []) if s]
+
+        drafter = None
+        if use_draft and self.draft is not None:
+            drafter = DraftModelDrafter(self.draft.model, sampling, num_draft, kv_bits=self.kv_bits)
+        engine = SpeculativeEngine(self.target.model, drafter, sampling, num_draft=num_draft, seed=seed,
+                                   kv_bits=self.kv_bits, context_length=self.target.context_length)
+        stats = self.last_stats = Stats(prompt_tokens=len(tokens))
+        mx.reset_peak_memory()
+        start = time.perf_counter()
+        engine.prefill(tokens)
+        stats.prompt_seconds = time.perf_counter() - start
+
+        eos = set(self.tokenizer.eos_token_ids or [])
+        detokenizer = self.tokenizer.detokenizer
+        detokenizer.reset()
+        sent = 0  # characters of detokenizer.text already yielded
+        hold = max((len(s) for s in stops), default=1) - 1  # text that might still grow into a stop string
+        start = time.perf_counter()
+        finish = None
+        while finish is None:
+            room = engine.room()
+            if room is not None and room <= 0:
+                finish = "length"
+                break
+            step = engine.step(max_tokens - stats.generated_tokens)
+            stats.target_calls += 1
+            stats.drafted += step.drafted
+            stats.accepted += step.accepted
+            new_tokens = step.tokens
+            for i, token in enumerate(new_tokens):
+                if token in eos:
+                    new_tokens, finish = new_tokens[:i], "stop"
+                    break
+            for token in new_tokens:
+                detokenizer.add_token(token)
+            stats.generated_tokens += len(new_tokens)
+            if finish is None and stats.generated_tokens >= max_tokens:
+                finish = "length"
+            if finish is not None:
+                detokenizer.finalize()
+            text = detokenizer.text
+            cut = min((text.find(s, max(0, sent - hold)) for s in stops if s in text[max(0, sent - hold):]),
+                      default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+            end = len(text) if finish is not None else max(sent, len(text) - hold)
+            stats.generation_seconds = time.perf_counter() - start
+            stats.draft_calls = drafter.calls if drafter is not None else 0
+            stats.peak_memory_bytes = mx.get_peak_memory()
+            yield Chunk(text[sent:end], new_tokens, finish)
+            sent = end
+        if finish == "length" and sent < len(detokenizer.text):
+            pass
+
+    def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
+        pieces, tokens, finish = [], [], None
+        for chunk in self.stream(prompt, **kwargs):
+            pieces.append(chunk.text)
+            tokens.extend(chunk.tokens)
+            finish = chunk.finish_reason
+        return GenerationResult("".join(pieces), tokens, self.last_stats, finish)
+
+
+def load(model: str | Path | None = None, draft: str | Path | None = "auto", num_draft: int = 4,
+         quantize_target: int | None = None, kv_bits: int | None = None) -> Speculator:
+    """Load a target and a draft once. draft="auto" uses the embedded draft with the embedded target; None disables."""
+    target = load_model(model or DEFAULT_TARGET, quantize_bits=quantize_target)
+    if draft == "auto":
+        draft = DEFAULT_DRAFT if model is None else None
+    draft_model = load_model(draft) if draft is not None else None
+    if kv_bits not in (None, 4, 8):
+        raise UserError(f"kv_bits {kv_bits} is not supported; use 4 or 8")
+    return Speculator(target, draft_model, num_draft=num_draft, kv_bits=kv_bits)
+
+
+def generate(prompt: str, model: str | Path | None = None, draft: str | Path | None = "auto", **kwargs) -> GenerationResult:
+    """One-shot convenience: load, then generate."""
+    load_keys = {"num_draft", "quantize_target", "kv_bits"}
+    speculator = load(model, draft, **{k: kwargs.pop(k) for k in list(kwargs) if k in load_keys})
+    return speculator.generate(prompt, **kwargs)

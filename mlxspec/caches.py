@@ -1,0 +1,136 @@
+"""Target and draft KV caches that can always be rolled back by a speculative step.
+
+mlx-lm's `RotatingKVCache` overwrites its oldest entries in place, so once full it cannot be trimmed, and its
+speculative path breaks on sliding-window models. `WindowKVCache` keeps `window + slack` entries instead: the mask
+enforces the window exactly, and the slack lets a step drop up to `slack` rejected tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+
+from .errors import UserError
+
+
+class WindowKVCache(KVCache):
+    """A sliding-window KV cache that stays trimmable by up to `slack` tokens.
+
+    Each query at absolute position t attends to keys at positions (t - window, t], as mlx-lm's RotatingKVCache
+    (keep=0) does. Stored entries cover absolute positions [offset - stored, offset).
+    """
+
+    def __init__(self, window: int, slack: int):
+        super().__init__()
+        self.window = window
+        self.slack = slack
+        self.start = 0  # absolute position of the first stored entry
+
+    def _drop_before_update(self) -> int:
+        # Drop in chunks of `step` so the copy is amortized; a pure function of state so make_mask agrees.
+        stored = self.offset - self.start
+        excess = stored - (self.window + self.slack)
+        return excess if excess >= self.step else 0
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        drop = self._drop_before_update()
+        if drop:
+            used = self.offset - self.start
+            self.keys = self.keys[..., drop:used, :]
+            self.values = self.values[..., drop:used, :]
+            self.start += drop
+        # Reuse KVCache's buffer growth with offsets relative to the stored region.
+        absolute = self.offset
+        self.offset -= self.start
+        try:
+            out = super().update_and_fetch(keys, values)
+        finally:
+            self.offset += self.start
+        assert self.offset == absolute + keys.shape[2]
+        return out
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False, **kwargs: Any):
+        window = window_size or self.window
+        start = self.start + self._drop_before_update()
+        queries = mx.arange(self.offset, self.offset + N)[:, None]
+        keys = mx.arange(start, self.offset + N)[None]
+        mask = (queries >= keys) & (queries < keys + window)
+        if N == 1 and not return_array and (self.offset + 1 - start) <= window:
+            return None
+        return mask
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        # The next query still needs the window - 1 keys before it, unless nothing was ever dropped.
+        floor = self.start + self.window - 1 if self.start > 0 else 0
+        n = max(0, min(n, self.offset - floor))
+        self.offset -= n
+        return n
+
+    def size(self) -> int:
+        return min(self.offset, self.window)
+
+    @property
+    def state(self):
+        return self.keys, self.values, self.offset, self.start
+
+    @state.setter
+    def state(self, v):
+        self.keys, self.values, self.offset, self.start = v
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+def model_family(model: nn.Module) -> str:
+    args = getattr(model, "args", None)
+    return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+
+
+def make_speculative_cache(model: nn.Module, max_rollback: int, kv_bits: int | None = None,
+                           kv_group_size: int = 64) -> list[Any]:
+    """The model's own cache layout, with every layer made safe to roll back by `max_rollback` tokens.
+
+    Refuses, naming the model family, when a layer's state (an SSM or linear-attention state) cannot be rolled back.
+    """
+    cache = make_prompt_cache(model)
+    out = []
+    for layer_cache in cache:
+        if isinstance(layer_cache, RotatingKVCache):
+            if layer_cache.keep:
+                raise UserError(f"{model_family(model)}: sliding-window caches that keep {layer_cache.keep} "
+                                "sink tokens are not supported yet; use a model without attention sinks")
+            if kv_bits:
+                raise UserError(f"{model_family(model)} uses sliding-window attention, which mlx-lm cannot quantize; "
+                                "drop --kv-bits")
+            out.append(WindowKVCache(layer_cache.max_size, slack=max_rollback))
+        elif type(layer_cache) is KVCache:
+            out.append(QuantizedKVCache(kv_group_size, kv_bits) if kv_bits else layer_cache)
+        elif isinstance(layer_cache, QuantizedKVCache):
+            out.append(layer_cache)
+        else:
+            raise UserError(
+                f"{model_family(model)} keeps a {type(layer_cache).__name__} state that cannot be rolled back, "
+                "so speculative decoding would not be exact; use --no-draft for this model"
+            )
+    return out
+
+
+def rollback(cache: list[Any], num_tokens: int) -> None:
+    """Forget the last num_tokens positions of every layer: rollback is just moving the offset back."""
+    if num_tokens <= 0:
+        return
+    for layer_cache in cache:
+        trimmed = layer_cache.trim(num_tokens)
+        if trimmed != num_tokens:
+            raise RuntimeError(f"{type(layer_cache).__name__} trimmed {trimmed} of {num_tokens} tokens")
+
+
+def cache_offset(cache: list[Any]) -> int:
+    return cache[0].offset if cache else 0

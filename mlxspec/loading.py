@@ -1,0 +1,122 @@
+"""Loading target and draft models from local directories or Hugging Face repo ids, and checking they can share tokens."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .errors import UserError
+
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+DEFAULT_TARGET = MODELS_DIR / "target"
+DEFAULT_DRAFT = MODELS_DIR / "draft"
+HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    config: dict
+    path: Path
+
+    @property
+    def context_length(self) -> int | None:
+        for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
+            if isinstance(self.config.get(key), int):
+                return self.config[key]
+        return None
+
+
+def on_cpu() -> bool:
+    return mx.default_device().type == mx.cpu.type
+
+
+def resolve_model_path(name: str | Path) -> Path:
+    """A local model directory, or a Hugging Face repo id fetched through huggingface-hub."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UserError(f"model path '{name}' is a file; pass the model directory that holds config.json")
+        try:
+            entries = {p.name for p in path.iterdir()}
+        except PermissionError:
+            raise UserError(f"model directory '{name}' is not readable; check its permissions") from None
+        if "config.json" not in entries:
+            raise UserError(f"'{name}' has no config.json; pass an mlx-lm model directory (see mlx_lm.convert)")
+        return path
+    if HF_REPO_ID.match(str(name)) and not str(name).startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+        except Exception as exc:  # offline, missing repo, gated repo: all end the same way for the user
+            raise UserError(f"could not fetch '{name}' from the Hugging Face hub ({type(exc).__name__}); "
+                            "pass a local model directory or check the repo id and network") from None
+    raise UserError(f"model path '{name}' does not exist; pass a local mlx-lm model directory or a Hugging Face repo id")
+
+
+def load_model(name: str | Path, quantize_bits: int | None = None, group_size: int = 64) -> LoadedModel:
+    """Load an mlx-lm model; on the CPU backend compute in float32, since half-precision matmul is emulated there."""
+    from mlx_lm.utils import load as mlx_lm_load
+    from mlx_lm.utils import quantize_model
+
+    path = resolve_model_path(name)
+    try:
+        model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+    except (ValueError, FileNotFoundError, json.JSONDecodeError) as exc:
+        raise UserError(f"could not load '{name}': {str(exc).splitlines()[0]}") from None
+    if quantize_bits:
+        if quantize_bits not in (4, 8):
+            raise UserError(f"--quantize-target {quantize_bits} is not supported; use 4 or 8")
+        if "quantization" in config:
+            raise UserError(f"'{name}' is already quantized; drop --quantize-target")
+        model, config = quantize_model(model, config, group_size, quantize_bits)
+    if on_cpu():
+        # Quantized weights are integers and stay as they are; scales, norms and embeddings become float32.
+        model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return LoadedModel(model, tokenizer, config, path)
+
+
+def _special_tokens(tokenizer: Any) -> dict[str, Any]:
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    return {
+        "bos_token": getattr(hf, "bos_token", None),
+        "eos_token": getattr(hf, "eos_token", None),
+        "pad_token": getattr(hf, "pad_token", None),
+        "unk_token": getattr(hf, "unk_token", None),
+        "eos_token_ids": sorted(getattr(tokenizer, "eos_token_ids", None) or []),
+    }
+
+
+def tokenizer_mismatch(target_tokenizer: Any, draft_tokenizer: Any) -> str | None:
+    """None when the two tokenizers map ids to strings identically, else a description of the first difference."""
+    target_vocab = target_tokenizer.get_vocab()
+    draft_vocab = draft_tokenizer.get_vocab()
+    if len(target_vocab) != len(draft_vocab):
+        return f"vocabulary sizes differ: target {len(target_vocab)}, draft {len(draft_vocab)}"
+    target_by_id = {i: t for t, i in target_vocab.items()}
+    draft_by_id = {i: t for t, i in draft_vocab.items()}
+    for token_id in sorted(set(target_by_id) | set(draft_by_id)):
+        if target_by_id.get(token_id) != draft_by_id.get(token_id):
+            return (f"token {token_id} is {target_by_id.get(token_id)!r} in the target's tokenizer "
+                    f"but {draft_by_id.get(token_id)!r} in the draft's")
+    target_special, draft_special = _special_tokens(target_tokenizer), _special_tokens(draft_tokenizer)
+    for key, value in target_special.items():
+        if draft_special[key] != value:
+            return f"special token {key} is {value!r} in the target's tokenizer but {draft_special[key]!r} in the draft's"
+    return None
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    mismatch = tokenizer_mismatch(target.tokenizer, draft.tokenizer)
+    if mismatch:
+        raise UserError(f"draft '{draft.path}' cannot draft for target '{target.path}': {mismatch}; "
+                        "use a draft model that shares the target's tokenizer")

@@ -1,0 +1,50 @@
+"""Running the engine and plain mlx-lm decoding side by side."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlxspec.drafters import DraftModelDrafter
+from mlxspec.engine import SpeculativeEngine
+from mlxspec.sampling import SamplingConfig
+
+
+def speculative_tokens(target, draft, prompt, max_tokens, num_draft=4, sampling=SamplingConfig(), seed=0,
+                       kv_bits=None, engine_out=None):
+    drafter = DraftModelDrafter(draft, sampling, num_draft, kv_bits=kv_bits) if draft is not None else None
+    engine = SpeculativeEngine(target, drafter, sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits)
+    engine.prefill(list(prompt))
+    out: list[int] = []
+    while len(out) < max_tokens:
+        out += engine.step(max_tokens - len(out)).tokens
+    if engine_out is not None:
+        engine_out.append(engine)
+    return out
+
+
+def mlx_lm_greedy(model, prompt, max_tokens):
+    """mlx-lm's own greedy decoding with the target alone (the reference)."""
+    tokens = []
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
+        tokens.append(int(token))
+    return tokens
+
+
+def greedy_logit_gap(model, tokens, position):
+    """Top-1 minus top-2 logit when predicting tokens[position] from tokens[:position], decoding one at a time."""
+    cache = make_prompt_cache(model)
+    logits = model(mx.array(tokens[:position])[None], cache=cache)[0, -1]
+    top2 = mx.sort(logits)[-2:]
+    return float(top2[1] - top2[0])
+
+
+def assert_greedy_equal(model, prompt, got, expected):
+    """Exact equality; a divergence is only tolerated where the reference itself was a near-tie (< 1e-4 logits)."""
+    if got == expected:
+        return
+    first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b) if any(
+        a != b for a, b in zip(got, expected)) else min(len(got), len(expected))
+    gap = greedy_logit_gap(model, list(prompt) + expected, len(prompt) + first)
+    assert gap < 1e-4, f"greedy output diverged at token {first} where the logit gap is {gap:.3g} (not a near-tie)"
