@@ -147,12 +147,8 @@ class Speculator:
         start = time.perf_counter()
         finish = None
         while finish is None:
-            room = engine.room()
-            if room is not None and room <= 0:
-                finish = "length"
-                break
             step = engine.step(max_tokens - stats.generated_tokens)
-            stats.target_calls += 1
+            stats.target_calls = engine.target_calls
             stats.drafted += step.drafted
             stats.accepted += step.accepted
             new_tokens = step.tokens
@@ -163,7 +159,8 @@ class Speculator:
             for token in new_tokens:
                 detokenizer.add_token(token)
             stats.generated_tokens += len(new_tokens)
-            if finish is None and stats.generated_tokens >= max_tokens:
+            room = engine.room()  # positions left in the target's context; the next token needs one
+            if finish is None and (stats.generated_tokens >= max_tokens or (room is not None and room <= 0)):
                 finish = "length"
             if finish is not None:
                 detokenizer.finalize()
@@ -178,8 +175,6 @@ class Speculator:
             stats.peak_memory_bytes = mx.get_peak_memory()
             yield Chunk(text[sent:end], new_tokens, finish)
             sent = end
-        if finish == "length" and sent < len(detokenizer.text):
-            pass
 
     def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
         pieces, tokens, finish = [], [], None

@@ -35,7 +35,7 @@ class LoadedModel:
 
 
 def on_cpu() -> bool:
-    return mx.default_device().type == mx.cpu.type
+    return mx.default_device().type == mx.DeviceType.cpu
 
 
 def resolve_model_path(name: str | Path) -> Path:

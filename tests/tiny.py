@@ -22,7 +22,7 @@ BASE = {
 
 FAMILIES = {
     "llama": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
     "qwen2": {},
     "qwen3": {"head_dim": 8},
     "mistral": {},
@@ -50,3 +50,38 @@ def make_tiny(family: str = "llama", seed: int = 0, vocab_size: int = 8, logit_s
 
 def num_params(model: nn.Module) -> int:
     return sum(v.size for _, v in tree_flatten(model.parameters()))
+
+
+CHARS = "abcdefg"  # ids 0..6; id 7 is the end-of-text token
+
+
+def save_char_tokenizer(path, eos="</s>", chars=CHARS) -> None:
+    """A one-character-per-token tokenizer whose vocabulary matches the tiny models (8 ids)."""
+    import json
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab[eos] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=eos))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([eos])
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": eos, "unk_token": eos}
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def save_tiny_model_dir(path, family: str = "llama", seed: int = 0, tokenizer_chars: str = CHARS, **overrides):
+    """A complete mlx-lm model directory (config, float32 weights, tokenizer) holding a tiny random model."""
+    import json
+
+    model = make_tiny(family, seed=seed, **overrides)
+    path.mkdir(parents=True, exist_ok=True)
+    config = dict(model.config)
+    config["eos_token_id"] = 7
+    (path / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    save_char_tokenizer(path, chars=tokenizer_chars)
+    return path

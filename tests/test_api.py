@@ -1,0 +1,101 @@
+"""The Python API's edge cases: EOS inside a draft, max_tokens mid-step, stop strings, context limits."""
+
+import pytest
+from helpers import mlx_lm_greedy
+
+import mlxspec
+from mlxspec import UserError
+
+EOS = 7
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_dirs):
+    return mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["target"], num_draft=4)  # self-draft: all accepted
+
+
+def test_eos_inside_an_accepted_draft_ends_generation_before_it(spec):
+    # Find a prompt whose greedy continuation hits EOS a few tokens in, so it lands inside a 5-token step.
+    for prompt in ("a", "b", "c", "d", "e", "f", "g", "ab", "ba", "gf", "fed", "cab"):
+        reference = mlx_lm_greedy(spec.target.model, spec.encode(prompt), 30)
+        if EOS in reference[1:]:
+            break
+    else:
+        pytest.fail("no test prompt reaches EOS")
+    result = spec.generate(prompt, max_tokens=30)
+    cut = reference.index(EOS)
+    assert result.tokens == reference[:cut]
+    assert result.text == spec.tokenizer.decode(reference[:cut])
+    assert result.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("max_tokens", [1, 3, 5, 6])
+def test_max_tokens_is_exact_even_mid_step(spec, max_tokens):
+    result = spec.generate("ab", max_tokens=max_tokens, temperature=1.0, seed=1)
+    assert len(result.tokens) <= max_tokens
+    if result.finish_reason == "length":
+        assert len(result.tokens) == max_tokens
+
+
+def test_stop_string_truncates_text(spec):
+    prompt, full = next((p, r) for p in ("ab", "ba", "cab", "gf", "fed", "abc", "dd")
+                        if len((r := spec.generate(p, max_tokens=20)).text) >= 6)
+    stop = full.text[3:5]
+    result = spec.generate(prompt, max_tokens=20, stop=[stop])
+    assert result.text == full.text[: full.text.index(stop)]
+    assert result.finish_reason == "stop"
+
+
+def test_stream_pieces_add_up_to_generate(spec):
+    pieces = [c.text for c in spec.stream("cab", max_tokens=25, temperature=0.8, seed=3)]
+    assert "".join(pieces) == spec.generate("cab", max_tokens=25, temperature=0.8, seed=3).text
+
+
+def test_prompt_as_long_as_the_context_generates_within_it(spec):
+    context = spec.target.context_length
+    prompt = ("abcdefg" * 10)[:context]
+    result = spec.generate(prompt, max_tokens=10)
+    assert len(result.tokens) <= 1
+    near_full = spec.generate(prompt[:-3], max_tokens=10)
+    assert len(near_full.tokens) <= 4 and near_full.finish_reason in ("length", "stop")
+
+
+def test_bad_inputs_raise_user_errors(spec):
+    context = spec.target.context_length
+    cases = [
+        dict(prompt=""),
+        dict(prompt="a" * (context + 1)),
+        dict(prompt="ab", num_draft=0),
+        dict(prompt="ab", num_draft=65),
+        dict(prompt="ab", temperature=-0.1),
+        dict(prompt="ab", top_p=0.0),
+        dict(prompt="ab", top_p=1.01),
+        dict(prompt="ab", chat=True),  # the char tokenizer has no chat template
+    ]
+    for kwargs in cases:
+        with pytest.raises(UserError):
+            spec.generate(**kwargs)
+
+
+def test_mismatched_tokenizer_is_refused_naming_the_first_difference(tiny_dirs):
+    with pytest.raises(UserError, match="token 6 is 'g' in the target's tokenizer but 'h' in the draft's"):
+        mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["mismatched"])
+
+
+def test_stats_are_consistent(tiny_dirs):
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3)
+    result = next(r for seed in range(20)
+                  if len((r := spec.generate("abc", max_tokens=30, temperature=1.0, seed=seed)).tokens) >= 10)
+    stats = result.stats
+    assert stats.generated_tokens == len(result.tokens)
+    assert stats.accepted <= stats.drafted <= 3 * stats.target_calls
+    assert stats.draft_calls == stats.drafted
+    assert 0 <= stats.acceptance_rate <= 1 and stats.tokens_per_target_call >= 1
+    assert stats.peak_memory_bytes > 0 and stats.tokens_per_second > 0
+
+
+def test_no_draft_is_plain_decoding(tiny_dirs):
+    spec = mlxspec.load(tiny_dirs["target"], draft=None)
+    result = spec.generate("abc", max_tokens=15)
+    assert result.stats.drafted == 0 and result.stats.target_calls == len(result.tokens) + (
+        result.finish_reason == "stop")

@@ -1,0 +1,58 @@
+"""The command line: streaming, --json, and one-line errors without tracebacks."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "mlxspec.cli", *map(str, args)], capture_output=True, text=True,
+                          input=stdin, timeout=120)
+
+
+def test_json_output_has_tokens_text_and_stats(tiny_dirs):
+    proc = run_cli("generate", "abc", "--model", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+                   "--max-tokens", "12", "--temp", "0.7", "--seed", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) >= {"tokens", "text", "stats"}
+    for key in ("target_calls", "draft_calls", "drafted", "accepted", "acceptance_rate", "tokens_per_target_call",
+                "tokens_per_second", "prompt_tokens_per_second", "peak_memory_bytes"):
+        assert key in out["stats"]
+
+
+def test_stdin_prompt_and_verbose_stats(tiny_dirs):
+    proc = run_cli("generate", "-", "--model", tiny_dirs["target"], "--no-draft", "--max-tokens", "5", "-v",
+                   stdin="abab")
+    assert proc.returncode == 0, proc.stderr
+    assert "alpha=" in proc.stderr and "tok/s" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "/does/not/exist"], "does not exist"),
+        (["--model", "{tmp}"], "has no config.json"),
+        (["--model", "{target}", "--draft", "{mismatched}"], "cannot draft for target"),
+        (["--model", "{target}", "-k", "0"], "num_draft 0"),
+        (["--model", "{target}", "-k", "65"], "num_draft 65"),
+        (["--model", "{target}", "--temp", "-1"], "temperature -1.0"),
+        (["--model", "{target}", "--top-p", "0"], "top_p 0.0"),
+    ],
+)
+def test_bad_input_is_one_line_without_traceback(tiny_dirs, tmp_path, args, message):
+    fill = {"tmp": tmp_path, "target": tiny_dirs["target"], "mismatched": tiny_dirs["mismatched"]}
+    proc = run_cli("generate", "ab", *[a.format(**fill) for a in args])
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_empty_and_too_long_prompts_are_refused(tiny_dirs):
+    for prompt in ("", "a" * 41):
+        proc = run_cli("generate", prompt, "--model", tiny_dirs["target"])
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
