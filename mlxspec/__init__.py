@@ -1,8 +1,19 @@
-"""mlxspec: exact speculative decoding on MLX."""
+"""mlxspec: exact speculative decoding on MLX.
 
-from .api import Chunk, GenerationResult, Speculator, Stats, generate, load
-from .errors import UserError
-from .sampling import SamplingConfig
+Names are imported lazily so that `mlxspec plan` and `--help` never pay for importing MLX and mlx-lm.
+"""
 
-__all__ = ["Chunk", "GenerationResult", "SamplingConfig", "Speculator", "Stats", "UserError", "generate", "load"]
+from importlib import import_module
+
 __version__ = "0.1.0"
+_EXPORTS = {
+    "Chunk": "api", "GenerationResult": "api", "Speculator": "api", "Stats": "api", "generate": "api", "load": "api",
+    "UserError": "errors", "SamplingConfig": "sampling",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'mlxspec' has no attribute {name!r}")

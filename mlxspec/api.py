@@ -81,7 +81,7 @@ class Speculator:
     """A loaded target (and optional draft) ready for repeated generation."""
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, num_draft: int = 4,
-                 kv_bits: int | None = None):
+                 kv_bits: int | None = None, draft_window: int | None = None):
         _check_num_draft(num_draft)
         if draft is not None:
             check_compatible(target, draft)
@@ -89,6 +89,9 @@ class Speculator:
         self.draft = draft
         self.num_draft = num_draft
         self.kv_bits = kv_bits
+        if draft_window is not None and draft_window < 1:
+            raise UserError(f"draft_window {draft_window} must be at least 1 token")
+        self.draft_window = draft_window
         self.last_stats = Stats()
 
     @property
@@ -117,7 +120,8 @@ class Speculator:
 
     def stream(self, prompt: str | list[int], max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, num_draft: int | None = None, seed: int = 0,
-               stop: list[str] | None = None, chat: bool = False, use_draft: bool = True) -> Iterator[Chunk]:
+               stop: list[str] | None = None, chat: bool = False, use_draft: bool = True,
+               stop_at_eos: bool = True) -> Iterator[Chunk]:
         """Yield text as the target accepts it. Stats of the run land in `self.last_stats` as it goes."""
         sampling = SamplingConfig(temperature, top_p, top_k, min_p)
         sampling.validate()
@@ -130,7 +134,8 @@ class Speculator:
 
         drafter = None
         if use_draft and self.draft is not None:
-            drafter = DraftModelDrafter(self.draft.model, sampling, num_draft, kv_bits=self.kv_bits)
+            drafter = DraftModelDrafter(self.draft.model, sampling, num_draft, kv_bits=self.kv_bits,
+                                        kv_window=self.draft_window)
         engine = SpeculativeEngine(self.target.model, drafter, sampling, num_draft=num_draft, seed=seed,
                                    kv_bits=self.kv_bits, context_length=self.target.context_length)
         stats = self.last_stats = Stats(prompt_tokens=len(tokens))
@@ -139,7 +144,7 @@ class Speculator:
         engine.prefill(tokens)
         stats.prompt_seconds = time.perf_counter() - start
 
-        eos = set(self.tokenizer.eos_token_ids or [])
+        eos = set(self.tokenizer.eos_token_ids or []) if stop_at_eos else set()
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()
         sent = 0  # characters of detokenizer.text already yielded
@@ -186,7 +191,7 @@ class Speculator:
 
 
 def load(model: str | Path | None = None, draft: str | Path | None = "auto", num_draft: int = 4,
-         quantize_target: int | None = None, kv_bits: int | None = None) -> Speculator:
+         quantize_target: int | None = None, kv_bits: int | None = None, draft_window: int | None = None) -> Speculator:
     """Load a target and a draft once. draft="auto" uses the embedded draft with the embedded target; None disables."""
     target = load_model(model or DEFAULT_TARGET, quantize_bits=quantize_target)
     if draft == "auto":
@@ -194,7 +199,7 @@ def load(model: str | Path | None = None, draft: str | Path | None = "auto", num
     draft_model = load_model(draft) if draft is not None else None
     if kv_bits not in (None, 4, 8):
         raise UserError(f"kv_bits {kv_bits} is not supported; use 4 or 8")
-    return Speculator(target, draft_model, num_draft=num_draft, kv_bits=kv_bits)
+    return Speculator(target, draft_model, num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window)
 
 
 def generate(prompt: str, model: str | Path | None = None, draft: str | Path | None = "auto", **kwargs) -> GenerationResult:

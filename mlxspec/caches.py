@@ -94,15 +94,21 @@ def model_family(model: nn.Module) -> str:
 
 
 def make_speculative_cache(model: nn.Module, max_rollback: int, kv_bits: int | None = None,
-                           kv_group_size: int = 64) -> list[Any]:
+                           kv_group_size: int = 64, window: int | None = None) -> list[Any]:
     """The model's own cache layout, with every layer made safe to roll back by `max_rollback` tokens.
 
-    Refuses, naming the model family, when a layer's state (an SSM or linear-attention state) cannot be rolled back.
+    `window` turns every full-attention layer into a sliding window of that many tokens (for draft models only:
+    it changes what the model computes). Refuses, naming the model family, when a layer's state (an SSM or
+    linear-attention state) cannot be rolled back.
     """
     cache = make_prompt_cache(model)
     out = []
     for layer_cache in cache:
-        if isinstance(layer_cache, RotatingKVCache):
+        if window is not None and type(layer_cache) is KVCache:
+            if kv_bits:
+                raise UserError("a windowed draft cache cannot be quantized yet; drop --kv-bits or --draft-window")
+            out.append(WindowKVCache(window, slack=max_rollback))
+        elif isinstance(layer_cache, RotatingKVCache):
             if layer_cache.keep:
                 raise UserError(f"{model_family(model)}: sliding-window caches that keep {layer_cache.keep} "
                                 "sink tokens are not supported yet; use a model without attention sinks")

@@ -58,21 +58,31 @@ def format_stats(stats) -> str:
 @click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")
 @click.option("--quantize-target", type=click.Choice(["4", "8"]), default=None, help="Quantize the target on load.")
 @click.option("--kv-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize both KV caches.")
+@click.option("--draft-window", type=int, default=None, help="Cap the draft's KV cache at this many tokens.")
+@click.option("--memory-budget", default=None, help="Plan first (e.g. 8GB) and refuse settings that cannot fit.")
+@click.option("--auto", is_flag=True, help="With --memory-budget: apply the planner's top fix instead of refusing.")
 @click.option("--chat", is_flag=True, help="Apply the tokenizer's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 @click.option("-v", "--verbose", is_flag=True, help="Print a stats line to stderr.")
 def generate(prompt, model, draft, no_draft, num_draft, max_tokens, temp, top_p, top_k, min_p, seed, stop,
-             quantize_target, kv_bits, chat, as_json, verbose) -> None:
+             quantize_target, kv_bits, draft_window, memory_budget, auto, chat, as_json, verbose) -> None:
     """Continue PROMPT ('-' reads stdin), streaming text as the target accepts it."""
     from .api import load  # deferred: `mlxspec --help` stays instant
+    from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
 
     if prompt == "-":
         prompt = sys.stdin.read()
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
-    speculator = load(model, None if no_draft else (draft or "auto"), num_draft=num_draft,
-                      quantize_target=int(quantize_target) if quantize_target else None,
-                      kv_bits=int(kv_bits) if kv_bits else None)
+    draft = None if no_draft else (draft or (str(DEFAULT_DRAFT) if model is None else None))
+    settings = {"quantize_target": int(quantize_target) if quantize_target else None,
+                "kv_bits": int(kv_bits) if kv_bits else None, "draft_window": draft_window}
+    if memory_budget:
+        from .budget import fit_to_budget
+
+        settings = fit_to_budget(str(model or DEFAULT_TARGET), draft, memory_budget, len(prompt), max_tokens, num_draft,
+                                 settings, auto, report=lambda line: click.echo(line, err=True))
+    speculator = load(model, draft, num_draft=num_draft, **settings)
     kwargs = dict(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p,
                   num_draft=num_draft, seed=seed, stop=list(stop), chat=chat)
     if as_json:
@@ -89,3 +99,114 @@ def generate(prompt, model, draft, no_draft, num_draft, max_tokens, temp, top_p,
 
 if __name__ == "__main__":
     main()
+
+
+def _read_prompts(path, tokenizer) -> list[list[int]]:
+    """JSONL: one object per line with "prompt" (text) or "tokens" (ids)."""
+    prompts = []
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise UserError(f"cannot read prompts file '{path}': {exc.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            prompts.append(list(item["tokens"]) if "tokens" in item else tokenizer.encode(item["prompt"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise UserError(f"{path}:{number} is not a JSON object with \"prompt\" or \"tokens\"") from None
+    if not prompts:
+        raise UserError(f"prompts file '{path}' holds no prompts")
+    return prompts
+
+
+@main.command()
+@click.option("--model", default=None, help="Target [default: embedded target].")
+@click.option("--draft", default=None, help="Draft [default: embedded draft with the embedded target].")
+@click.option("-k", "--num-draft", "num_drafts", type=int, multiple=True, help="Draft length(s) to compare [4].")
+@click.option("--temp", "temps", type=float, multiple=True, help="Temperature(s) [0 and 0.7].")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--prompts", "prompts_file", default=None, help="JSONL prompts [default: held-out stdlib files].")
+@click.option("--num-prompts", type=int, default=8, show_default=True)
+@click.option("--prompt-tokens", type=int, default=128, show_default=True)
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--json", "json_out", default=None, help="Also write the results to this JSON file.")
+def bench(model, draft, num_drafts, temps, top_p, prompts_file, num_prompts, prompt_tokens, max_tokens, repeats,
+          json_out) -> None:
+    """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts."""
+    from . import bench as bench_module
+    from .api import load
+
+    num_drafts = num_drafts or (4,)
+    temps = temps or (0.0, 0.7)
+    speculator = load(model, draft or "auto", num_draft=max(num_drafts))
+    if speculator.draft is None:
+        raise UserError("bench needs a draft model; pass --draft")
+    tokenizer = speculator.tokenizer
+    prompts = (_read_prompts(prompts_file, tokenizer) if prompts_file
+               else bench_module.heldout_prompts(tokenizer, num_prompts, prompt_tokens))
+    target, draft_model = speculator.target.model, speculator.draft.model
+    modes = {"mlx-lm plain": bench_module.mlx_lm_plain(target)}
+    for k in num_drafts:
+        modes[f"mlx-lm speculative k={k}"] = bench_module.mlx_lm_speculative(target, draft_model, k)
+    modes["mlxspec no-draft"] = bench_module.mlxspec_mode(speculator, use_draft=False)
+    for k in num_drafts:
+        modes[f"mlxspec draft k={k}"] = bench_module.mlxspec_mode(speculator, num_draft=k)
+    everything = {}
+    for temp in temps:
+        click.echo(f"\n## temperature {temp}" + (f", top-p {top_p}" if top_p < 1 else "") +
+                   f": {len(prompts)} prompts x {max_tokens} tokens, median of {repeats}")
+        results = bench_module.run_modes(modes, prompts, max_tokens, temp, top_p, repeats,
+                                         progress=lambda s: click.echo(f"  {s}", err=True))
+        click.echo(bench_module.format_table(results))
+        everything[str(temp)] = [bench_module.asdict(r) for r in results]
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump({"prompts": len(prompts), "max_tokens": max_tokens, "results": everything}, f, indent=1)
+
+
+@main.command()
+@click.option("--model", "model", default=None, help="Target: preset name, model directory, config.json or repo id.")
+@click.option("--draft", default=None, help="Draft model, same forms as --model.")
+@click.option("--medusa-heads", type=int, default=0, help="Plan for this many Medusa heads on the target.")
+@click.option("--device", default=None, help="Device preset (see --list) [default: this machine].")
+@click.option("--memory", default=None, help="A memory budget instead of a device, e.g. 16GB.")
+@click.option("--context", type=int, default=4096, show_default=True)
+@click.option("--batch", type=int, default=1, show_default=True)
+@click.option("--target-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the target [as stored].")
+@click.option("--draft-bits", type=click.Choice(["4", "8"]), default=None)
+@click.option("--group-size", type=int, default=64, show_default=True)
+@click.option("--kv-bits", type=click.Choice(["4", "8"]), default=None)
+@click.option("-k", "--num-draft", type=int, default=4, show_default=True)
+@click.option("--tree-nodes", type=int, default=None)
+@click.option("--draft-window", type=int, default=None, help="Cap the draft's KV cache at this many tokens.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--list", "list_presets", is_flag=True, help="List model and device presets.")
+def plan(model, draft, medusa_heads, device, memory, context, batch, target_bits, draft_bits, group_size, kv_bits,
+         num_draft, tree_nodes, draft_window, as_json, list_presets) -> None:
+    """Will the target, its drafter and both KV caches fit the device at this context? Reads metadata only."""
+    from .devices import PRESETS, resolve_device
+    from .metadata import load_metadata, preset_names
+    from .planner import PlanRequest, format_plan, make_plan
+
+    if list_presets:
+        click.echo("models:  " + ", ".join(preset_names()))
+        click.echo("devices: " + ", ".join(PRESETS))
+        return
+    if model is None:
+        from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
+
+        model, draft = str(DEFAULT_TARGET), draft or str(DEFAULT_DRAFT)
+    if context < 1 or batch < 1:
+        raise UserError(f"context {context} and batch {batch} must be at least 1")
+    device_spec = resolve_device(device, memory)
+    request = PlanRequest(
+        target=load_metadata(model), device=device_spec,
+        draft=load_metadata(draft) if draft else None, medusa_heads=medusa_heads, context=context, batch=batch,
+        target_bits=int(target_bits) if target_bits else None, group_size=group_size,
+        draft_bits=int(draft_bits) if draft_bits else None, kv_bits=int(kv_bits) if kv_bits else None,
+        num_draft=num_draft, tree_nodes=tree_nodes, draft_window=draft_window)
+    result = make_plan(request)
+    click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))

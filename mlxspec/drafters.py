@@ -36,10 +36,12 @@ def one_hot(tokens: mx.array, vocab_size: int) -> mx.array:
 class DraftModelDrafter:
     """A small autoregressive model sharing the target's tokenizer (Leviathan et al. / Chen et al.)."""
 
-    def __init__(self, model: nn.Module, sampling: SamplingConfig, max_draft: int, kv_bits: int | None = None):
+    def __init__(self, model: nn.Module, sampling: SamplingConfig, max_draft: int, kv_bits: int | None = None,
+                 kv_window: int | None = None):
         self.model = model
         self.sampling = sampling
-        self.cache = make_speculative_cache(model, max_rollback=max_draft + 1, kv_bits=kv_bits)
+        # A windowed draft cache bounds the draft's memory; it only changes proposals, never the output law.
+        self.cache = make_speculative_cache(model, max_rollback=max_draft + 1, kv_bits=kv_bits, window=kv_window)
         self.history: list[int] = []  # every committed token, prompt included
         self._drafted = 0
         self.calls = 0

@@ -1,0 +1,148 @@
+"""`mlxspec bench`: every decoding mode over the same prompts in one process, against mlx-lm's own paths."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step, speculative_generate_step
+from mlx_lm.sample_utils import make_sampler
+
+from .api import Speculator
+from .corpus import read_text, split_files
+
+
+@dataclass
+class Run:
+    tokens: int
+    seconds: float
+    target_calls: int
+    drafted: int = 0
+    accepted: int = 0
+    peak_memory_bytes: int = 0
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    tokens_per_second: float  # median over repeats of (all tokens / all seconds)
+    tokens_per_second_min: float
+    tokens_per_second_max: float
+    acceptance_rate: float
+    tokens_per_target_call: float
+    target_calls_per_token: float
+    peak_memory_bytes: int
+    speedup: float = 0.0
+    runs: list[dict] = field(default_factory=list)
+
+
+RunFn = Callable[[list[int], int, float, float, int], Run]
+
+
+def heldout_prompts(tokenizer, num_prompts: int = 8, prompt_tokens: int = 128) -> list[list[int]]:
+    """Token-level prefixes of held-out stdlib files: they end on a real token boundary, as in training."""
+    _, heldout = split_files()
+    prompts = []
+    for path in heldout:
+        text = read_text(path)
+        if not text:
+            continue
+        ids = tokenizer.encode(text)
+        if len(ids) >= prompt_tokens + 64:
+            prompts.append(ids[:prompt_tokens])
+        if len(prompts) == num_prompts:
+            break
+    return prompts
+
+
+def mlx_lm_plain(model) -> RunFn:
+    def run(prompt, max_tokens, temperature, top_p, seed):
+        mx.random.seed(seed)
+        sampler = make_sampler(temperature, top_p if top_p < 1 else 0.0)
+        mx.reset_peak_memory()
+        start = time.perf_counter()
+        count = 0
+        for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, sampler=sampler):
+            count += 1
+        return Run(count, time.perf_counter() - start, count, peak_memory_bytes=mx.get_peak_memory())
+
+    return run
+
+
+def mlx_lm_speculative(model, draft_model, num_draft: int) -> RunFn:
+    def run(prompt, max_tokens, temperature, top_p, seed):
+        mx.random.seed(seed)
+        sampler = make_sampler(temperature, top_p if top_p < 1 else 0.0)
+        mx.reset_peak_memory()
+        start = time.perf_counter()
+        count = accepted = target_calls = drafted = 0
+        step_starts = True
+        for _, _, from_draft in speculative_generate_step(mx.array(prompt), model, draft_model, sampler=sampler,
+                                                          num_draft_tokens=num_draft, max_tokens=max_tokens):
+            if step_starts:  # each step drafts min(num_draft, tokens left), then calls the target once
+                drafted += min(num_draft, max_tokens - count)
+                target_calls += 1
+            count += 1
+            accepted += bool(from_draft)
+            step_starts = not from_draft
+        seconds = time.perf_counter() - start
+        return Run(count, seconds, target_calls, drafted, accepted, mx.get_peak_memory())
+
+    return run
+
+
+def mlxspec_mode(speculator: Speculator, **options) -> RunFn:
+    def run(prompt, max_tokens, temperature, top_p, seed):
+        result = speculator.generate(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                     stop_at_eos=False, **options)
+        s = result.stats
+        return Run(s.generated_tokens, s.prompt_seconds + s.generation_seconds, s.target_calls, s.drafted,
+                   s.accepted, s.peak_memory_bytes)
+
+    return run
+
+
+def run_modes(modes: dict[str, RunFn], prompts: list[list[int]], max_tokens: int, temperature: float,
+              top_p: float = 1.0, repeats: int = 3, seed: int = 0,
+              progress: Callable[[str], None] = lambda s: None) -> list[ModeResult]:
+    """Warm each mode up once, then time `repeats` passes over all prompts; the first mode is the baseline."""
+    results = []
+    for name, fn in modes.items():
+        fn(prompts[0], 8, temperature, top_p, seed)  # warm-up: compile kernels, allocate caches
+        passes: list[list[Run]] = []
+        for r in range(repeats):
+            passes.append([fn(p, max_tokens, temperature, top_p, seed + 1000 * r + i) for i, p in enumerate(prompts)])
+            progress(f"{name}: pass {r + 1}/{repeats}")
+        rates = [sum(x.tokens for x in runs) / sum(x.seconds for x in runs) for runs in passes]
+        every = [x for runs in passes for x in runs]
+        tokens, calls = sum(x.tokens for x in every), sum(x.target_calls for x in every)
+        drafted, accepted = sum(x.drafted for x in every), sum(x.accepted for x in every)
+        results.append(ModeResult(
+            mode=name,
+            tokens_per_second=statistics.median(rates),
+            tokens_per_second_min=min(rates),
+            tokens_per_second_max=max(rates),
+            acceptance_rate=accepted / drafted if drafted else 0.0,
+            tokens_per_target_call=tokens / calls if calls else 0.0,
+            target_calls_per_token=calls / tokens if tokens else 0.0,
+            peak_memory_bytes=max(x.peak_memory_bytes for x in every),
+            runs=[asdict(x) for x in every],
+        ))
+    base = results[0].tokens_per_second
+    for result in results:
+        result.speedup = result.tokens_per_second / base if base else 0.0
+    return results
+
+
+def format_table(results: list[ModeResult]) -> str:
+    header = f"{'mode':28s} {'tok/s':>8s} {'(min-max)':>15s} {'speedup':>8s} {'alpha':>6s} {'tau':>5s} " \
+             f"{'calls/tok':>9s} {'peak MiB':>8s}"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        lines.append(f"{r.mode:28s} {r.tokens_per_second:8.1f} {f'({r.tokens_per_second_min:.1f}-{r.tokens_per_second_max:.1f})':>15s} "
+                     f"{r.speedup:7.2f}x {r.acceptance_rate:6.2f} {r.tokens_per_target_call:5.2f} "
+                     f"{r.target_calls_per_token:9.2f} {r.peak_memory_bytes / 2**20:8.1f}")
+    return "\n".join(lines)

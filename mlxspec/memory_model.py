@@ -1,0 +1,178 @@
+"""Pure memory accounting from a model's config.json: parameters, weight bytes, KV cache bytes, activations.
+
+No weights, no MLX arrays: every function here is arithmetic on config values, so planning a 70B model is instant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+KV_STEP = 256  # mlx-lm's KVCache grows in 256-token blocks and never shrinks on trim
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _get(config: dict, *names: str, default=None):
+    for name in names:
+        if config.get(name) is not None:
+            return config[name]
+    return default
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The handful of config values memory depends on, with each family's defaults applied."""
+
+    model_type: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    norms_per_layer: int
+    experts: int
+    expert_intermediate: int
+    sliding_window: int | None
+    sliding_layers: tuple[bool, ...]
+
+    @classmethod
+    def from_config(cls, config: dict) -> Shape:
+        model_type = config.get("model_type", "llama")
+        hidden = config["hidden_size"]
+        heads = config["num_attention_heads"]
+        layers = config["num_hidden_layers"]
+        gemma = model_type in ("gemma", "gemma2", "gemma3", "gemma3_text")
+        window = config.get("sliding_window")
+        if model_type in ("gemma3", "gemma3_text"):
+            pattern = config.get("sliding_window_pattern", 6)
+            sliding = tuple(i % pattern != pattern - 1 for i in range(layers))
+        elif model_type == "llama" and config.get("layer_types"):
+            sliding = tuple(t == "sliding_attention" for t in config["layer_types"])
+        else:  # mlx-lm gives every other family full KV caches, whatever its config says about windows
+            sliding = (False,) * layers
+        experts = _get(config, "num_local_experts", "num_experts", default=0)
+        return cls(
+            model_type=model_type,
+            vocab=config["vocab_size"],
+            hidden=hidden,
+            layers=layers,
+            heads=heads,
+            kv_heads=_get(config, "num_key_value_heads", default=heads),
+            head_dim=_get(config, "head_dim", default=hidden // heads),
+            intermediate=config["intermediate_size"],
+            tied=True if gemma else bool(config.get("tie_word_embeddings", model_type in ("qwen2",) and False)),
+            qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
+            o_bias=model_type != "qwen2" and bool(config.get("attention_bias", False)),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
+            norms_per_layer=4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2,
+            experts=experts,
+            expert_intermediate=_get(config, "moe_intermediate_size", default=config["intermediate_size"]),
+            sliding_window=window if any(sliding) else None,
+            sliding_layers=sliding,
+        )
+
+
+@dataclass(frozen=True)
+class ParameterCount:
+    embedding: int
+    attention: int
+    mlp: int
+    norms: int
+    lm_head: int
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.attention + self.mlp + self.norms + self.lm_head
+
+    @property
+    def matrices(self) -> int:
+        """Parameters in quantizable matrices (everything but norms and biases, roughly)."""
+        return self.embedding + self.attention + self.mlp + self.lm_head
+
+
+def count_parameters(config: dict) -> ParameterCount:
+    """Exact parameter count of the mlx-lm model a config describes (tested per family against instantiation)."""
+    s = Shape.from_config(config)
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    attention = s.hidden * q + 2 * s.hidden * kv + q * s.hidden
+    attention += (q + 2 * kv) * s.qkv_bias + s.hidden * s.o_bias + 2 * s.head_dim * s.qk_norm
+    if s.experts:
+        mlp = s.hidden * s.experts + s.experts * 3 * s.hidden * s.expert_intermediate
+    else:
+        mlp = 3 * s.hidden * s.intermediate + (2 * s.intermediate + s.hidden) * s.mlp_bias
+    return ParameterCount(
+        embedding=s.vocab * s.hidden,
+        attention=s.layers * attention,
+        mlp=s.layers * mlp,
+        norms=s.layers * s.norms_per_layer * s.hidden + s.hidden,
+        lm_head=0 if s.tied else s.vocab * s.hidden,
+    )
+
+
+def weight_bytes(params: ParameterCount, bits: int | None = None, group_size: int = 64, dtype: str = "bfloat16") -> int:
+    """Bytes of the weights as stored: quantized matrices pay bits/8 per weight plus a scale and bias per group."""
+    elem = DTYPE_BYTES[dtype]
+    if not bits:
+        return params.total * elem
+    quantized = params.matrices * bits // 8 + 2 * math.ceil(params.matrices / group_size) * elem
+    return quantized + (params.total - params.matrices) * elem
+
+
+def allocated_tokens(tokens: int) -> int:
+    """Positions mlx-lm's KVCache has allocated after holding `tokens` at its peak."""
+    return math.ceil(tokens / KV_STEP) * KV_STEP
+
+
+def kv_cache_bytes(config: dict, context: int, rollback: int = 0, kv_bits: int | None = None, kv_group_size: int = 64,
+                   dtype: str = "float32", batch: int = 1, window: int | None = None) -> int:
+    """Peak KV bytes after `context` tokens, with `rollback` extra positions a speculative step writes then trims.
+
+    Sliding-window layers hold window + rollback (mlxspec's WindowKVCache); `window` caps every layer (a windowed
+    draft cache). Quantized KV stores bits/8 per element plus a scale and bias per group.
+    """
+    s = Shape.from_config(config)
+    elem = DTYPE_BYTES[dtype]
+    per_position = 2 * s.kv_heads * s.head_dim  # keys and values
+    per_position_bytes = (per_position * kv_bits / 8 + 2 * (per_position / kv_group_size) * elem) if kv_bits \
+        else per_position * elem
+    total = 0.0
+    peak = context + rollback
+    for sliding in s.sliding_layers:
+        layer_window = s.sliding_window if sliding else None
+        if window is not None:
+            layer_window = min(window, layer_window or window)
+        # A windowed cache keeps window + slack entries and drops the excess in KV_STEP chunks.
+        held = min(peak, layer_window + rollback + KV_STEP) if layer_window else peak
+        total += allocated_tokens(held) * per_position_bytes
+    return int(total * batch)
+
+
+def verification_bytes(config: dict, positions: int, context: int, prefill_chunk: int = 512,
+                       materialized_scores: bool = True) -> int:
+    """Transient activations at their peak: the verify pass over `positions` tokens, or a prefill chunk.
+
+    Counts float32 logits and their processed copies, the MLP intermediate, and one layer's attention scores where
+    the backend materializes them (MLX's CPU attention does; Metal's fused attention kernels do not).
+    """
+    s = Shape.from_config(config)
+    f32 = 4
+    scores = s.heads * materialized_scores
+    verify = (3 * positions * s.vocab + scores * positions * (context + positions)
+              + 3 * positions * max(s.intermediate, s.expert_intermediate)) * f32
+    chunk = min(prefill_chunk, context)
+    prefill = (scores * chunk * context + 3 * chunk * max(s.intermediate, s.hidden)) * f32
+    return int(max(verify, prefill))
+
+
+def medusa_parameters(config: dict, heads: int = 4, shared_lm_head: bool = True) -> int:
+    """Medusa heads: a residual SiLU block (hidden x hidden + bias) per head, plus an LM head each unless shared."""
+    s = Shape.from_config(config)
+    return heads * (s.hidden * s.hidden + s.hidden + (0 if shared_lm_head else s.vocab * s.hidden))

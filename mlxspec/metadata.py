@@ -1,0 +1,88 @@
+"""A model's config.json and exact weight bytes, from a local directory, a bare config, a preset or the hub,
+without reading or downloading any weights."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+PRESET_DIR = Path(__file__).parent / "configs"
+SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
+                           "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+@dataclass
+class ModelMetadata:
+    name: str
+    config: dict
+    weight_bytes: int | None  # exact, from safetensors headers, when available
+    source: str
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def safetensors_bytes(path: Path) -> int:
+    """Sum of tensor sizes from a safetensors header (8-byte length, then JSON); reads only the header."""
+    with open(path, "rb") as f:
+        header_len = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(header_len))
+    total = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        total += end - begin
+    return total
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read '{path}' as a config.json: {exc}") from None
+
+
+def load_metadata(name: str) -> ModelMetadata:
+    """name: a preset (see `mlxspec plan --list`), a model directory, a config.json file, or a hub repo id."""
+    path = Path(name).expanduser()
+    if name in preset_names():
+        config = _read_config(PRESET_DIR / f"{name}.json")
+        return ModelMetadata(name, config, None, f"preset config of {config.get('_model_id', name)}")
+    if path.is_file():
+        return ModelMetadata(path.parent.name or name, _read_config(path), None, f"{path}")
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise UserError(f"'{name}' has no config.json; pass a model directory, a config.json or a preset name")
+        files = sorted(path.glob("*.safetensors"))
+        weight = sum(safetensors_bytes(f) for f in files) if files else None
+        return ModelMetadata(path.name, _read_config(path / "config.json"), weight, f"{path} (safetensors headers)")
+    if "/" in name and not name.startswith((".", "/", "~")):
+        return _hub_metadata(name)
+    raise UserError(f"model '{name}' is not a preset, a local path or a repo id; "
+                    f"presets: {', '.join(preset_names())}")
+
+
+def _hub_metadata(repo_id: str) -> ModelMetadata:
+    """config.json and safetensors headers through huggingface-hub (its local cache first); never weights."""
+    try:
+        from huggingface_hub import get_safetensors_metadata, hf_hub_download
+
+        config = json.loads(Path(hf_hub_download(repo_id, "config.json")).read_text())
+        try:
+            meta = get_safetensors_metadata(repo_id)
+            weight = sum(
+                sum(n * SAFETENSORS_DTYPE_BYTES.get(dtype, 2) for dtype, n in f.parameter_count.items())
+                for f in meta.files_metadata.values()
+            )
+        except Exception:  # no safetensors on the hub: fall back to the config arithmetic
+            weight = None
+    except Exception as exc:
+        raise UserError(f"could not read '{repo_id}' from the Hugging Face hub ({type(exc).__name__}); "
+                        "pass a local directory, a config.json or a preset name") from None
+    return ModelMetadata(repo_id, config, weight, f"hub: {repo_id} (config.json + safetensors headers)")

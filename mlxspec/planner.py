@@ -1,0 +1,228 @@
+"""`mlxspec plan`: will a target, its drafter and both KV caches fit a device at a context, and what to change if not."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from . import memory_model as mm
+from .devices import Device
+from .metadata import ModelMetadata
+
+RUNTIME_OVERHEAD = 400 * 2**20  # MLX, Python and the Metal library: not in mx.get_peak_memory, estimated
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    target: ModelMetadata
+    device: Device
+    draft: ModelMetadata | None = None
+    medusa_heads: int = 0
+    context: int = 4096
+    batch: int = 1
+    target_bits: int | None = None  # None: as stored
+    group_size: int = 64
+    draft_bits: int | None = None
+    kv_bits: int | None = None
+    num_draft: int = 4
+    tree_nodes: int | None = None
+    draft_window: int | None = None
+
+    @property
+    def verify_positions(self) -> int:
+        return (self.tree_nodes or self.num_draft) + 1
+
+
+@dataclass
+class PlanItem:
+    name: str
+    bytes: int
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    request: dict
+    items: list[PlanItem]
+    mlx_bytes: int  # what mx.get_peak_memory() should see: everything but the runtime overhead
+    total_bytes: int
+    budget_bytes: int
+    fits: bool
+    max_context: dict[str, int | None]
+    drafter_overhead_bytes: int
+    drafter_overhead_percent: float
+    recommendations: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _compute_dtype(device: Device, config: dict) -> str:
+    if device.backend == "cpu":
+        return "float32"  # mlxspec casts to float32 on the CPU backend: half precision matmul is emulated there
+    return "bfloat16" if config.get("torch_dtype", "bfloat16") == "bfloat16" else "float16"
+
+
+def model_weight_bytes(meta: ModelMetadata, bits: int | None, group_size: int, device: Device) -> tuple[int, str]:
+    stored = meta.config.get("quantization") or {}
+    bits = bits or stored.get("bits")
+    group_size = stored.get("group_size", group_size) if not bits or bits == stored.get("bits") else group_size
+    dtype = _compute_dtype(device, meta.config)
+    params = mm.count_parameters(meta.config)
+    if meta.weight_bytes and device.backend != "cpu" and bits == stored.get("bits"):
+        return meta.weight_bytes, "exact, from safetensors headers"
+    note = f"{params.total / 1e9:.2f}B params" + (f", {bits}-bit g{group_size}" if bits else f", {dtype}")
+    return mm.weight_bytes(params, bits, group_size, dtype), note
+
+
+def memory_items(req: PlanRequest, context: int | None = None) -> list[PlanItem]:
+    context = req.context if context is None else context
+    rollback = req.verify_positions
+    dtype = _compute_dtype(req.device, req.target.config)
+    items = []
+    weight, note = model_weight_bytes(req.target, req.target_bits, req.group_size, req.device)
+    items.append(PlanItem("target weights", weight, note))
+    if req.draft is not None:
+        weight, note = model_weight_bytes(req.draft, req.draft_bits, req.group_size, req.device)
+        items.append(PlanItem("draft weights", weight, note))
+    if req.medusa_heads:
+        params = mm.medusa_parameters(req.target.config, req.medusa_heads)
+        items.append(PlanItem("medusa heads", params * mm.DTYPE_BYTES[dtype], f"{req.medusa_heads} heads, shared LM head"))
+    kv_note = f"{req.kv_bits}-bit" if req.kv_bits else dtype
+    items.append(PlanItem("target KV cache", mm.kv_cache_bytes(req.target.config, context, rollback, req.kv_bits,
+                                                               dtype=dtype, batch=req.batch),
+                          f"{context} + {rollback} positions, {kv_note}"))
+    if req.draft is not None:
+        window = f", window {req.draft_window}" if req.draft_window else ""
+        items.append(PlanItem("draft KV cache", mm.kv_cache_bytes(req.draft.config, context, rollback, req.kv_bits,
+                                                                  dtype=dtype, batch=req.batch,
+                                                                  window=req.draft_window),
+                              f"{kv_note}{window}"))
+    activations = mm.verification_bytes(req.target.config, rollback, context,
+                                        materialized_scores=req.device.backend == "cpu")
+    items.append(PlanItem("activations", req.batch * activations,
+                          f"verify {rollback} positions or a 512-token prefill chunk"))
+    return items
+
+
+def total_bytes(req: PlanRequest, context: int | None = None) -> int:
+    return sum(item.bytes for item in memory_items(req, context)) + RUNTIME_OVERHEAD
+
+
+def max_context(req: PlanRequest) -> int | None:
+    """The longest context that fits the budget (binary search over the full accounting), or None if none does."""
+    limit = req.target.config.get("max_position_embeddings") or 1 << 20
+    if total_bytes(req, 1) > req.device.budget_bytes:
+        return None
+    low, high = 1, limit
+    while low < high:
+        mid = (low + high + 1) // 2
+        if total_bytes(req, mid) <= req.device.budget_bytes:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _alternatives(req: PlanRequest) -> list[tuple[str, str, PlanRequest]]:
+    """(what to change, how, changed request), cheapest for the user first."""
+    out = []
+    if not req.kv_bits:
+        out.append(("quantize both KV caches to 8 bits", "--kv-bits 8", replace(req, kv_bits=8)))
+        out.append(("quantize both KV caches to 4 bits", "--kv-bits 4", replace(req, kv_bits=4)))
+    if req.draft is not None and not req.draft_window:
+        out.append(("give the draft a 1024-token KV window (it only drafts; exactness is kept)",
+                    "--draft-window 1024", replace(req, draft_window=1024)))
+        out.append(("use Medusa heads instead of a draft model", "--medusa PATH",
+                    replace(req, draft=None, medusa_heads=4)))
+    if req.verify_positions > 3:
+        out.append(("draft fewer tokens per step", "--num-draft 2", replace(req, num_draft=2, tree_nodes=None)))
+    if req.draft is not None and not req.draft_bits and not (req.draft.config.get("quantization") or {}):
+        out.append(("quantize the draft to 4 bits", "--draft-bits 4", replace(req, draft_bits=4)))
+    stored_bits = (req.target.config.get("quantization") or {}).get("bits")
+    if (req.target_bits or stored_bits or 16) > 4:
+        out.append(("quantize the target to 4 bits", "--quantize-target 4", replace(req, target_bits=4)))
+    return out
+
+
+def _merge(base: PlanRequest, changed: PlanRequest) -> PlanRequest:
+    """base with every field that `changed` altered relative to the original defaults applied."""
+    updates = {name: getattr(changed, name) for name in ("kv_bits", "draft_window", "num_draft", "tree_nodes",
+                                                         "target_bits", "draft_bits") if getattr(changed, name) is not None}
+    return replace(base, **updates)
+
+
+def make_plan(req: PlanRequest) -> Plan:
+    items = memory_items(req)
+    mlx_bytes = sum(item.bytes for item in items)
+    items.append(PlanItem("runtime overhead", RUNTIME_OVERHEAD, "MLX, Python, kernels (estimate)"))
+    total = mlx_bytes + RUNTIME_OVERHEAD
+    budget = req.device.budget_bytes
+    drafter = sum(i.bytes for i in items if i.name.startswith(("draft", "medusa")))
+    plan = Plan(
+        request={"target": req.target.name, "draft": req.draft.name if req.draft else None,
+                 "medusa_heads": req.medusa_heads, "device": req.device.name, "device_source": req.device.source,
+                 "context": req.context, "batch": req.batch, "target_bits": req.target_bits,
+                 "kv_bits": req.kv_bits, "num_draft": req.num_draft, "tree_nodes": req.tree_nodes,
+                 "draft_window": req.draft_window},
+        items=items, mlx_bytes=mlx_bytes, total_bytes=total, budget_bytes=budget, fits=total <= budget,
+        max_context={
+            "target alone": max_context(replace(req, draft=None, medusa_heads=0)),
+            "target + draft": max_context(replace(req, medusa_heads=0)) if req.draft else None,
+            "target + medusa": max_context(replace(req, draft=None, medusa_heads=req.medusa_heads or 4)),
+        },
+        drafter_overhead_bytes=drafter, drafter_overhead_percent=100 * drafter / budget,
+    )
+    for what, how, alternative in _alternatives(req):
+        alt_total = total_bytes(alternative)
+        plan.recommendations.append({"change": what, "how": how, "total_bytes": alt_total,
+                                     "fits": alt_total <= budget, "max_context": max_context(alternative)})
+    if not plan.fits and not any(r["fits"] for r in plan.recommendations):
+        # No single change is enough: stack them in cost order until the plan fits.
+        combined, hows = req, []
+        # Keep the draft model, and go straight to 4-bit KV, when stacking.
+        stackable = [(how, alt) for _, how, alt in _alternatives(req) if how not in ("--medusa PATH", "--kv-bits 8")]
+        for how, alternative in stackable:
+            combined = _merge(combined, alternative)
+            hows.append(how)
+            if total_bytes(combined) <= budget:
+                break
+        alt_total = total_bytes(combined)
+        plan.recommendations.append({"change": "all of these together", "how": " ".join(hows),
+                                     "total_bytes": alt_total, "fits": alt_total <= budget,
+                                     "max_context": max_context(combined)})
+    elif not plan.fits:
+        plan.recommendations.sort(key=lambda r: not r["fits"])  # keep cost order among those that fit
+    if req.device.backend == "cpu" and (req.target_bits or (req.target.config.get("quantization") or {})):
+        plan.notes.append("On MLX's CPU backend a quantized target verifies K+1 tokens at K+1 times the cost of one "
+                          "(quantized_matmul scales with rows), so a float32/bf16 target is faster there.")
+    return plan
+
+
+def format_plan(plan: Plan) -> str:
+    r = plan.request
+    head = f"{r['target']}" + (f" + draft {r['draft']}" if r["draft"] else "") + \
+        (f" + {r['medusa_heads']} Medusa heads" if r["medusa_heads"] else "")
+    lines = [f"{head} on {r['device']} at context {r['context']} (batch {r['batch']})",
+             f"budget {plan.budget_bytes / GiB:.2f} GiB: {r['device_source']}", ""]
+    for item in plan.items:
+        lines.append(f"  {item.name:18s} {item.bytes / GiB:9.3f} GiB  {item.note}")
+    lines.append(f"  {'total':18s} {plan.total_bytes / GiB:9.3f} GiB  of {plan.budget_bytes / GiB:.2f} GiB")
+    lines.append("")
+    lines.append(("FITS" if plan.fits else "DOES NOT FIT") +
+                 f": drafter overhead {plan.drafter_overhead_bytes / GiB:.3f} GiB "
+                 f"({plan.drafter_overhead_percent:.1f}% of the budget)")
+    for name, ctx in plan.max_context.items():
+        if ctx is not None or name != "target + draft":
+            lines.append(f"  max context, {name:16s} {ctx if ctx is not None else 'none fits'}")
+    if plan.recommendations:
+        lines.append("")
+        lines.append("what to change, cheapest first:")
+        for rec in plan.recommendations:
+            verdict = "fits" if rec["fits"] else "still too big"
+            lines.append(f"  {rec['how']:20s} {rec['change']}: {rec['total_bytes'] / GiB:.2f} GiB, {verdict}, "
+                         f"max context {rec['max_context']}")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
