@@ -97,10 +97,6 @@ def generate(prompt, model, draft, no_draft, num_draft, max_tokens, temp, top_p,
         click.echo(format_stats(speculator.last_stats), err=True)
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _read_prompts(path, tokenizer) -> list[list[int]]:
     """JSONL: one object per line with "prompt" (text) or "tokens" (ids)."""
     prompts = []
@@ -210,3 +206,7 @@ def plan(model, draft, medusa_heads, device, memory, context, batch, target_bits
         num_draft=num_draft, tree_nodes=tree_nodes, draft_window=draft_window)
     result = make_plan(request)
     click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
+
+
+if __name__ == "__main__":
+    main()

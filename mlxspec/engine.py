@@ -9,8 +9,10 @@ import mlx.nn as nn
 
 from .acceptance import accept_chain
 from .caches import cache_offset, make_speculative_cache, rollback
-from .drafters import Drafter
+from .drafters import Draft, Drafter
 from .sampling import SamplingConfig, sample, to_probs
+from .tree_attention import keep_tree_path, tree_verification
+from .trees import accept_tree
 
 
 def to_host(values: mx.array) -> list[int]:
@@ -29,31 +31,24 @@ def pad_vocab(probs: mx.array, vocab_size: int) -> mx.array:
 @dataclass
 class StepResult:
     tokens: list[int]  # accepted drafts, then the target's own token
-    drafted: int
+    drafted: int  # tokens (chain) or nodes (tree) proposed
     accepted: int
 
 
 class SpeculativeEngine:
     """Target-side state of speculative decoding: the target cache, the token not yet fed, and the random key."""
 
-    def __init__(
-        self,
-        target: nn.Module,
-        drafter: Drafter | None,
-        sampling: SamplingConfig,
-        num_draft: int = 4,
-        seed: int = 0,
-        kv_bits: int | None = None,
-        context_length: int | None = None,
-        prefill_chunk: int = 512,
-    ):
+    def __init__(self, target: nn.Module, drafter: Drafter | None, sampling: SamplingConfig, num_draft: int = 4,
+                 seed: int = 0, kv_bits: int | None = None, context_length: int | None = None,
+                 prefill_chunk: int = 512, max_nodes: int | None = None):
         self.target = target
         self.drafter = drafter
         self.sampling = sampling
         self.num_draft = num_draft if drafter is not None else 0
         self.context_length = context_length
         self.prefill_chunk = prefill_chunk
-        self.cache = make_speculative_cache(target, max_rollback=self.num_draft + 1, kv_bits=kv_bits)
+        rollback_room = max(self.num_draft, max_nodes or 0) + 1
+        self.cache = make_speculative_cache(target, max_rollback=rollback_room, kv_bits=kv_bits)
         self.key = mx.random.key(seed)
         self.pending: list[int] = []
         self.target_calls = 0
@@ -75,35 +70,56 @@ class SpeculativeEngine:
         return self.context_length - cache_offset(self.cache)
 
     def step(self, max_new_tokens: int) -> StepResult:
-        """One draft-verify-accept round emitting between 1 and num_draft + 1 tokens (at most max_new_tokens)."""
+        """One draft-verify-accept round emitting between 1 and (draft depth + 1) tokens, at most max_new_tokens."""
         self.key, draft_key, accept_key = mx.random.split(self.key, 3)
-        num_draft = min(self.num_draft, max_new_tokens - 1)
+        budget = min(self.num_draft, max_new_tokens - 1)
         if self.room() is not None:
-            num_draft = min(num_draft, self.room() - len(self.pending))
-        num_draft = max(num_draft, 0)
+            budget = min(budget, self.room() - len(self.pending))
+        draft = self.drafter.propose(budget, draft_key) if budget > 0 else None
+        if draft is not None and self.room() is not None and draft.tokens.shape[0] + 1 > self.room():
+            draft = None  # no room in the context to verify it: decode one token instead
+        if draft is not None and draft.probs is not None:
+            result = self._verify_sampled_chain(draft, accept_key)
+        else:
+            result = self._verify_deterministic(draft, accept_key)
+        self.target_calls += 1
+        if self.drafter is not None:
+            self.drafter.accept(result.tokens, self._drafted_host)
+        self.pending = [result.tokens[-1]]
+        return result
 
+    def _target_probs(self, draft: Draft | None) -> mx.array:
         inputs = mx.array(self.pending, dtype=mx.int32)
-        draft = self.drafter.propose(num_draft, draft_key) if num_draft else None
         if draft is not None:
             inputs = mx.concatenate([inputs, draft.tokens])
-        logits = self.target(inputs[None], cache=self.cache)[0, -(num_draft + 1) :]
-        target_probs = to_probs(logits, self.sampling)
-        self.target_calls += 1
+        logits = self.target(inputs[None], cache=self.cache)[0]
+        return to_probs(logits, self.sampling)
 
-        if draft is None:
-            packed = mx.concatenate([mx.array([0], mx.int32), sample(target_probs[0], accept_key, self.sampling.greedy)[None]])
-        else:
-            vocab = max(target_probs.shape[-1], draft.probs.shape[-1])
-            num_accepted, next_token = accept_chain(
-                draft.tokens, pad_vocab(draft.probs, vocab), pad_vocab(target_probs, vocab), accept_key, self.sampling.greedy
-            )
-            packed = mx.concatenate([num_accepted[None], next_token[None], draft.tokens])
-        values = to_host(packed)
-
-        num_accepted, next_token, drafted = values[0], values[1], values[2:]
-        emitted = drafted[:num_accepted] + [next_token]
+    def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
+        num_draft = draft.tokens.shape[0]
+        target_probs = self._target_probs(draft)
+        vocab = max(target_probs.shape[-1], draft.probs.shape[-1])
+        num_accepted, next_token = accept_chain(draft.tokens, pad_vocab(draft.probs, vocab),
+                                                pad_vocab(target_probs, vocab), key, self.sampling.greedy)
+        values = to_host(mx.concatenate([num_accepted[None], next_token[None], draft.tokens]))
+        num_accepted, next_token, self._drafted_host = values[0], values[1], values[2:]
         rollback(self.cache, num_draft - num_accepted)
-        if self.drafter is not None:
-            self.drafter.accept(emitted, num_accepted)
-        self.pending = [next_token]
-        return StepResult(emitted, num_draft, num_accepted)
+        return StepResult(self._drafted_host[:num_accepted] + [next_token], num_draft, num_accepted)
+
+    def _verify_deterministic(self, draft: Draft | None, key: mx.array) -> StepResult:
+        """Plain decoding when draft is None; else a deterministic chain or tree, verified node by node."""
+        if draft is None:
+            probs = self._target_probs(None)
+            self._drafted_host = []
+            return StepResult([to_host(sample(probs[-1], key, self.sampling.greedy)[None])[0]], 0, 0)
+        shape, prefix = draft.tree, cache_offset(self.cache)
+        with tree_verification(self.target, self.cache, shape, prefix):
+            probs = self._target_probs(draft)
+        node_tokens = mx.concatenate([mx.array(self.pending, dtype=mx.int32), draft.tokens])
+        parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
+        deepest, next_token = accept_tree(node_tokens, parents, probs, key, shape.max_depth, self.sampling.greedy)
+        values = to_host(mx.concatenate([deepest[None], next_token[None], draft.tokens]))
+        deepest, next_token, self._drafted_host = values[0], values[1], values[2:]
+        path = shape.path_to(deepest)
+        keep_tree_path(self.cache, prefix, [0, *path])
+        return StepResult([self._drafted_host[i - 1] for i in path] + [next_token], shape.size - 1, len(path))

@@ -12,9 +12,12 @@ from mlxspec.sampling import SamplingConfig
 
 
 def speculative_tokens(target, draft, prompt, max_tokens, num_draft=4, sampling=SamplingConfig(), seed=0,
-                       kv_bits=None, engine_out=None):
-    drafter = DraftModelDrafter(draft, sampling, num_draft, kv_bits=kv_bits) if draft is not None else None
-    engine = SpeculativeEngine(target, drafter, sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits)
+                       kv_bits=None, engine_out=None, tree_topk=1, drafter=None):
+    """Generate with the engine. `draft` is a draft model (or None); `drafter` overrides it with any Drafter."""
+    if drafter is None and draft is not None:
+        drafter = DraftModelDrafter(draft, sampling, num_draft, kv_bits=kv_bits, tree_topk=tree_topk)
+    engine = SpeculativeEngine(target, drafter, sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits,
+                               max_nodes=num_draft * tree_topk)
     engine.prefill(list(prompt))
     out: list[int] = []
     while len(out) < max_tokens:

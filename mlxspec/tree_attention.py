@@ -1,0 +1,108 @@
+"""Driving unmodified mlx-lm models over a candidate tree in one forward pass.
+
+mlx-lm attention takes its mask from `cache.make_mask(...)` and its RoPE offset from `cache.offset`. So, for the
+length of one forward pass, each cache answers make_mask with the tree mask, and each attention's RoPE is wrapped
+to rotate every token at its own position (prefix + depth) by treating tokens as the batch axis, where
+`mx.fast.rope` takes an array offset. No model file is forked.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .trees import TreeShape, ancestor_mask
+
+
+@dataclass
+class TreeContext:
+    """Shared by one model's RoPE wrappers and caches; set only while a tree is being verified."""
+
+    positions: mx.array | None = None  # [N] absolute position of each node
+    mask: mx.array | None = None  # [N, N] ancestor mask
+
+
+class PerTokenRoPE(nn.Module):
+    def __init__(self, rope: nn.Module, context: TreeContext):
+        super().__init__()
+        self.inner = rope
+        self._context = context
+
+    def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
+        positions = self._context.positions
+        if positions is None or x.shape[-2] != positions.shape[0]:
+            return self.inner(x, offset=offset)
+        # x: [B, H, N, D] -> [N, H, B, D]: each token becomes a batch row with its own offset.
+        return self.inner(x.swapaxes(0, 2), offset=positions).swapaxes(0, 2)
+
+
+def install_tree_attention(model: nn.Module) -> TreeContext:
+    """Wrap every attention's `rope` once; returns the context that switches them to per-token positions."""
+    existing = getattr(model, "_mlxspec_tree_context", None)
+    if existing is not None:
+        return existing
+    context = TreeContext()
+    for _, module in model.named_modules():
+        rope = module.get("rope") if isinstance(module, dict) else None
+        if isinstance(rope, nn.Module) and not isinstance(rope, PerTokenRoPE):
+            module["rope"] = PerTokenRoPE(rope, context)
+    model._mlxspec_tree_context = context
+    return context
+
+
+def _stored_start(layer_cache: Any, num_new: int) -> int:
+    """Absolute position of the first key the layer will return on its next update."""
+    start = getattr(layer_cache, "start", 0)
+    drop = getattr(layer_cache, "_drop_before_update", None)
+    return start + (drop() if drop else 0)
+
+
+def _tree_make_mask(layer_cache: Any, context: TreeContext, N: int, window_size: int | None = None,
+                    return_array: bool = False, **kwargs: Any) -> mx.array:
+    """[N, stored + N] bool: every node sees the whole prefix and its own ancestors, within any sliding window."""
+    prefix_positions = mx.arange(_stored_start(layer_cache, N), layer_cache.offset)
+    key_positions = mx.concatenate([prefix_positions, context.positions])
+    mask = mx.concatenate([mx.ones((N, prefix_positions.shape[0]), dtype=mx.bool_), context.mask], axis=1)
+    window = window_size or getattr(layer_cache, "window", None)
+    if window:
+        mask = mask & (key_positions[None] > context.positions[:, None] - window)
+    return mask
+
+
+@contextmanager
+def tree_verification(model: nn.Module, cache: list[Any], shape: TreeShape, prefix_length: int):
+    """Within this block, a forward over shape.size tokens attends as the tree says."""
+    context = install_tree_attention(model)
+    context.positions = prefix_length + mx.array(shape.depths)
+    context.mask = ancestor_mask(shape)
+    for layer_cache in cache:
+        layer_cache.make_mask = partial(_tree_make_mask, layer_cache, context)  # instance attribute wins
+    try:
+        yield
+    finally:
+        context.positions = context.mask = None
+        for layer_cache in cache:
+            del layer_cache.make_mask
+
+
+def _select(buffer: Any, start: int, index: mx.array) -> Any:
+    if isinstance(buffer, (tuple, list)):  # QuantizedKVCache: (packed, scales, biases)
+        return type(buffer)(_select(b, start, index) for b in buffer)
+    buffer[..., start : start + index.shape[0], :] = buffer[..., start + index, :]
+    return buffer
+
+
+def keep_tree_path(cache: list[Any], prefix_length: int, keep: list[int]) -> None:
+    """After a tree pass, keep the prefix and the kept nodes (tree indices, root first) contiguously; drop the rest."""
+    index = mx.array(keep)
+    for layer_cache in cache:
+        start = prefix_length - getattr(layer_cache, "start", 0)  # where the tree begins in the stored buffer
+        if keep != list(range(len(keep))):
+            layer_cache.keys = _select(layer_cache.keys, start, index)
+            layer_cache.values = _select(layer_cache.values, start, index)
+        layer_cache.offset = prefix_length + len(keep)
