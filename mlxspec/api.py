@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .drafters import DraftModelDrafter
+from .drafters import DraftModelDrafter, Drafter, LookupThenModelDrafter, PromptLookupDrafter
 from .engine import SpeculativeEngine
 from .errors import UserError
 from .loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, check_compatible, load_model
@@ -24,8 +24,9 @@ class Stats:
     generated_tokens: int = 0
     target_calls: int = 0
     draft_calls: int = 0
-    drafted: int = 0
+    drafted: int = 0  # tokens (chains) or nodes (trees) proposed
     accepted: int = 0
+    tree_nodes: int = 0  # nodes verified per step by tree drafts (0 for chains)
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
     peak_memory_bytes: int = 0
@@ -81,7 +82,7 @@ class Speculator:
     """A loaded target (and optional draft) ready for repeated generation."""
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, num_draft: int = 4,
-                 kv_bits: int | None = None, draft_window: int | None = None):
+                 kv_bits: int | None = None, draft_window: int | None = None, medusa=None):
         _check_num_draft(num_draft)
         if draft is not None:
             check_compatible(target, draft)
@@ -92,6 +93,7 @@ class Speculator:
         if draft_window is not None and draft_window < 1:
             raise UserError(f"draft_window {draft_window} must be at least 1 token")
         self.draft_window = draft_window
+        self.medusa = medusa  # MedusaHeads or None
         self.last_stats = Stats()
 
     @property
@@ -121,23 +123,30 @@ class Speculator:
     def stream(self, prompt: str | list[int], max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, num_draft: int | None = None, seed: int = 0,
                stop: list[str] | None = None, chat: bool = False, use_draft: bool = True,
-               stop_at_eos: bool = True) -> Iterator[Chunk]:
-        """Yield text as the target accepts it. Stats of the run land in `self.last_stats` as it goes."""
+               stop_at_eos: bool = True, tree_topk: int = 1, tree_nodes: int | None = None,
+               lookup: bool = False) -> Iterator[Chunk]:
+        """Yield text as the target accepts it. Stats of the run land in `self.last_stats` as it goes.
+
+        tree_topk > 1 drafts a tree with the draft model (top-k alternatives at each depth); tree_nodes caps its
+        nodes. lookup=True drafts by prompt lookup, falling back to the draft model when the text does not repeat.
+        """
         sampling = SamplingConfig(temperature, top_p, top_k, min_p)
         sampling.validate()
         num_draft = self.num_draft if num_draft is None else num_draft
         _check_num_draft(num_draft)
         if max_tokens < 1:
             raise UserError(f"max_tokens {max_tokens} must be at least 1")
+        if tree_topk < 1 or (tree_nodes is not None and tree_nodes < tree_topk):
+            raise UserError(f"tree_topk {tree_topk} must be >= 1 and tree_nodes {tree_nodes} >= tree_topk")
+        if tree_nodes:
+            num_draft = max(1, tree_nodes // tree_topk)  # the tree's depth
         tokens = self.encode(prompt, chat)
         stops = [s for s in (stop or []) if s]
 
-        drafter = None
-        if use_draft and self.draft is not None:
-            drafter = DraftModelDrafter(self.draft.model, sampling, num_draft, kv_bits=self.kv_bits,
-                                        kv_window=self.draft_window)
+        drafter = self._make_drafter(sampling, num_draft, use_draft, tree_topk, lookup)
         engine = SpeculativeEngine(self.target.model, drafter, sampling, num_draft=num_draft, seed=seed,
-                                   kv_bits=self.kv_bits, context_length=self.target.context_length)
+                                   kv_bits=self.kv_bits, context_length=self.target.context_length,
+                                   max_nodes=num_draft * tree_topk)
         stats = self.last_stats = Stats(prompt_tokens=len(tokens))
         mx.reset_peak_memory()
         start = time.perf_counter()
@@ -156,6 +165,7 @@ class Speculator:
             stats.target_calls = engine.target_calls
             stats.drafted += step.drafted
             stats.accepted += step.accepted
+            stats.tree_nodes = max(stats.tree_nodes, step.drafted + 1 if tree_topk > 1 else 0)
             new_tokens = step.tokens
             for i, token in enumerate(new_tokens):
                 if token in eos:
@@ -181,6 +191,24 @@ class Speculator:
             yield Chunk(text[sent:end], new_tokens, finish)
             sent = end
 
+    def _make_drafter(self, sampling: SamplingConfig, num_draft: int, use_draft: bool, tree_topk: int,
+                      lookup: bool) -> Drafter | None:
+        model_drafter = None
+        if use_draft and self.medusa is not None:
+            from .medusa import MedusaDrafter
+
+            model_drafter = MedusaDrafter(self.medusa, self.target.model, tree_nodes=num_draft * tree_topk,
+                                          tree_topk=tree_topk)
+        elif use_draft and self.draft is not None:
+            model_drafter = DraftModelDrafter(self.draft.model, sampling, num_draft, kv_bits=self.kv_bits,
+                                              kv_window=self.draft_window, tree_topk=tree_topk)
+        elif tree_topk > 1:
+            raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
+        if lookup:
+            return LookupThenModelDrafter(PromptLookupDrafter(), model_drafter) if model_drafter \
+                else PromptLookupDrafter()
+        return model_drafter
+
     def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
         pieces, tokens, finish = [], [], None
         for chunk in self.stream(prompt, **kwargs):
@@ -191,7 +219,8 @@ class Speculator:
 
 
 def load(model: str | Path | None = None, draft: str | Path | None = "auto", num_draft: int = 4,
-         quantize_target: int | None = None, kv_bits: int | None = None, draft_window: int | None = None) -> Speculator:
+         quantize_target: int | None = None, kv_bits: int | None = None, draft_window: int | None = None,
+         medusa: str | Path | None = None) -> Speculator:
     """Load a target and a draft once. draft="auto" uses the embedded draft with the embedded target; None disables."""
     target = load_model(model or DEFAULT_TARGET, quantize_bits=quantize_target)
     if draft == "auto":
@@ -199,7 +228,13 @@ def load(model: str | Path | None = None, draft: str | Path | None = "auto", num
     draft_model = load_model(draft) if draft is not None else None
     if kv_bits not in (None, 4, 8):
         raise UserError(f"kv_bits {kv_bits} is not supported; use 4 or 8")
-    return Speculator(target, draft_model, num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window)
+    heads = None
+    if medusa is not None:
+        from .medusa import load_medusa
+
+        heads = load_medusa(medusa, target.path)
+    return Speculator(target, draft_model, num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window,
+                      medusa=heads)
 
 
 def generate(prompt: str, model: str | Path | None = None, draft: str | Path | None = "auto", **kwargs) -> GenerationResult:

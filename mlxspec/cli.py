@@ -39,6 +39,7 @@ def format_stats(stats) -> str:
     return (f"alpha={stats.acceptance_rate:.2f} tau={stats.tokens_per_target_call:.2f} "
             f"gen={stats.tokens_per_second:.1f} tok/s prompt={stats.prompt_tokens_per_second:.1f} tok/s "
             f"tokens={stats.generated_tokens} target_calls={stats.target_calls} "
+            + (f"tree_nodes={stats.tree_nodes} " if stats.tree_nodes else "") +
             f"peak={stats.peak_memory_bytes / 2**20:.1f} MiB")
 
 
@@ -59,13 +60,19 @@ def format_stats(stats) -> str:
 @click.option("--quantize-target", type=click.Choice(["4", "8"]), default=None, help="Quantize the target on load.")
 @click.option("--kv-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize both KV caches.")
 @click.option("--draft-window", type=int, default=None, help="Cap the draft's KV cache at this many tokens.")
+@click.option("--tree-topk", type=int, default=1, show_default=True,
+              help="Draft a tree: the draft's top-k alternatives at every depth.")
+@click.option("--tree-nodes", type=int, default=None, help="Node budget of the tree (sets its depth).")
+@click.option("--lookup", is_flag=True, help="Draft by prompt lookup; the draft model covers what does not repeat.")
+@click.option("--medusa", "medusa_path", default=None, help="Draft with Medusa heads (a train-medusa directory).")
 @click.option("--memory-budget", default=None, help="Plan first (e.g. 8GB) and refuse settings that cannot fit.")
 @click.option("--auto", is_flag=True, help="With --memory-budget: apply the planner's top fix instead of refusing.")
 @click.option("--chat", is_flag=True, help="Apply the tokenizer's chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 @click.option("-v", "--verbose", is_flag=True, help="Print a stats line to stderr.")
 def generate(prompt, model, draft, no_draft, num_draft, max_tokens, temp, top_p, top_k, min_p, seed, stop,
-             quantize_target, kv_bits, draft_window, memory_budget, auto, chat, as_json, verbose) -> None:
+             quantize_target, kv_bits, draft_window, tree_topk, tree_nodes, lookup, medusa_path, memory_budget, auto,
+             chat, as_json, verbose) -> None:
     """Continue PROMPT ('-' reads stdin), streaming text as the target accepts it."""
     from .api import load  # deferred: `mlxspec --help` stays instant
     from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -74,7 +81,9 @@ def generate(prompt, model, draft, no_draft, num_draft, max_tokens, temp, top_p,
         prompt = sys.stdin.read()
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
-    draft = None if no_draft else (draft or (str(DEFAULT_DRAFT) if model is None else None))
+    if medusa_path and draft:
+        raise UserError("--medusa and --draft are two drafters; pass one of them")
+    draft = None if (no_draft or medusa_path) else (draft or (str(DEFAULT_DRAFT) if model is None else None))
     settings = {"quantize_target": int(quantize_target) if quantize_target else None,
                 "kv_bits": int(kv_bits) if kv_bits else None, "draft_window": draft_window}
     if memory_budget:
@@ -82,9 +91,10 @@ def generate(prompt, model, draft, no_draft, num_draft, max_tokens, temp, top_p,
 
         settings = fit_to_budget(str(model or DEFAULT_TARGET), draft, memory_budget, len(prompt), max_tokens, num_draft,
                                  settings, auto, report=lambda line: click.echo(line, err=True))
-    speculator = load(model, draft, num_draft=num_draft, **settings)
+    speculator = load(model, draft, num_draft=num_draft, medusa=None if no_draft else medusa_path, **settings)
     kwargs = dict(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p,
-                  num_draft=num_draft, seed=seed, stop=list(stop), chat=chat)
+                  num_draft=num_draft, seed=seed, stop=list(stop), chat=chat, tree_topk=tree_topk,
+                  tree_nodes=tree_nodes, lookup=lookup)
     if as_json:
         result = speculator.generate(prompt, **kwargs)
         click.echo(json.dumps({"tokens": result.tokens, "text": result.text, "finish_reason": result.finish_reason,
@@ -206,6 +216,34 @@ def plan(model, draft, medusa_heads, device, memory, context, batch, target_bits
         num_draft=num_draft, tree_nodes=tree_nodes, draft_window=draft_window)
     result = make_plan(request)
     click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
+
+
+@main.command("train-medusa")
+@click.option("--model", default=None, help="Frozen target [default: embedded target].")
+@click.option("--out", "out_dir", required=True, help="Output directory (resumes from its checkpoint).")
+@click.option("--heads", type=int, default=4, show_default=True)
+@click.option("--steps", type=int, default=400, show_default=True)
+@click.option("--batch-size", type=int, default=8, show_default=True)
+@click.option("--seq-len", type=int, default=256, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--data", type=click.Choice(["corpus", "self-distill"]), default="corpus", show_default=True,
+              help="Stdlib text, or the target's own greedy continuations of it.")
+@click.option("--full-lm-heads", is_flag=True, help="Give each head its own LM head (more memory).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def train_medusa_command(model, out_dir, heads, steps, batch_size, seq_len, lr, data, full_lm_heads, seed) -> None:
+    """Train Medusa heads on a frozen target; writes medusa.safetensors and medusa_config.json."""
+    from pathlib import Path
+
+    from .loading import DEFAULT_TARGET, load_model
+    from .medusa_train import MedusaTrainConfig, train_medusa
+
+    if heads < 1 or steps < 1:
+        raise UserError(f"--heads {heads} and --steps {steps} must be at least 1")
+    target = load_model(model or DEFAULT_TARGET)
+    config = MedusaTrainConfig(num_heads=heads, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
+                               seed=seed, data=data, shared_lm_head=not full_lm_heads)
+    train_medusa(target, Path(out_dir), config, log=lambda line: click.echo(line, err=True))
+    click.echo(f"saved Medusa heads to {out_dir}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import mlx.nn as nn
 from .acceptance import accept_chain
 from .caches import cache_offset, make_speculative_cache, rollback
 from .drafters import Draft, Drafter
+from .medusa import forward_with_hidden
 from .sampling import SamplingConfig, sample, to_probs
 from .tree_attention import keep_tree_path, tree_verification
 from .trees import accept_tree
@@ -47,21 +48,32 @@ class SpeculativeEngine:
         self.num_draft = num_draft if drafter is not None else 0
         self.context_length = context_length
         self.prefill_chunk = prefill_chunk
-        rollback_room = max(self.num_draft, max_nodes or 0) + 1
+        rollback_room = max(self.num_draft, max_nodes or 0, getattr(drafter, "max_nodes", 0)) + 1
         self.cache = make_speculative_cache(target, max_rollback=rollback_room, kv_bits=kv_bits)
         self.key = mx.random.key(seed)
         self.pending: list[int] = []
         self.target_calls = 0
+        # Medusa drafts from the target's own hidden states, so the target forward must return them.
+        self.wants_hidden = getattr(drafter, "uses_target_hidden", False)
+        self._hidden: mx.array | None = None
 
     def prefill(self, prompt: list[int]) -> None:
         """Feed all but the last prompt token; the last one is verified together with the first draft."""
         todo = list(prompt[:-1])
+        hidden = None
         for start in range(0, len(todo), self.prefill_chunk):
-            self.target(mx.array(todo[start : start + self.prefill_chunk])[None], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
+            chunk = mx.array(todo[start : start + self.prefill_chunk])[None]
+            if self.wants_hidden:
+                hidden = self.target.model(chunk, cache=self.cache)[0, -1]
+                mx.eval(hidden, [c.state for c in self.cache])
+            else:
+                self.target(chunk, cache=self.cache)
+                mx.eval([c.state for c in self.cache])
         self.pending = [prompt[-1]]
         if self.drafter is not None:
             self.drafter.prefill(prompt)
+            if self.wants_hidden:
+                self.drafter.set_hidden(hidden)
 
     def room(self) -> int | None:
         """How many more positions the target may process before its context is full."""
@@ -85,6 +97,8 @@ class SpeculativeEngine:
         self.target_calls += 1
         if self.drafter is not None:
             self.drafter.accept(result.tokens, self._drafted_host)
+            if self.wants_hidden:  # the hidden state at the last kept node predicts past the new pending token
+                self.drafter.set_hidden(self._hidden[self._last_kept_node])
         self.pending = [result.tokens[-1]]
         return result
 
@@ -92,8 +106,12 @@ class SpeculativeEngine:
         inputs = mx.array(self.pending, dtype=mx.int32)
         if draft is not None:
             inputs = mx.concatenate([inputs, draft.tokens])
-        logits = self.target(inputs[None], cache=self.cache)[0]
-        return to_probs(logits, self.sampling)
+        if self.wants_hidden:
+            hidden, logits = forward_with_hidden(self.target, inputs[None], self.cache)
+            self._hidden = hidden[0]
+        else:
+            logits = self.target(inputs[None], cache=self.cache)
+        return to_probs(logits[0], self.sampling)
 
     def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
         num_draft = draft.tokens.shape[0]
@@ -103,6 +121,7 @@ class SpeculativeEngine:
                                                 pad_vocab(target_probs, vocab), key, self.sampling.greedy)
         values = to_host(mx.concatenate([num_accepted[None], next_token[None], draft.tokens]))
         num_accepted, next_token, self._drafted_host = values[0], values[1], values[2:]
+        self._last_kept_node = num_accepted
         rollback(self.cache, num_draft - num_accepted)
         return StepResult(self._drafted_host[:num_accepted] + [next_token], num_draft, num_accepted)
 
@@ -110,7 +129,7 @@ class SpeculativeEngine:
         """Plain decoding when draft is None; else a deterministic chain or tree, verified node by node."""
         if draft is None:
             probs = self._target_probs(None)
-            self._drafted_host = []
+            self._drafted_host, self._last_kept_node = [], -1
             return StepResult([to_host(sample(probs[-1], key, self.sampling.greedy)[None])[0]], 0, 0)
         shape, prefix = draft.tree, cache_offset(self.cache)
         with tree_verification(self.target, self.cache, shape, prefix):
@@ -120,6 +139,7 @@ class SpeculativeEngine:
         deepest, next_token = accept_tree(node_tokens, parents, probs, key, shape.max_depth, self.sampling.greedy)
         values = to_host(mx.concatenate([deepest[None], next_token[None], draft.tokens]))
         deepest, next_token, self._drafted_host = values[0], values[1], values[2:]
+        self._last_kept_node = deepest
         path = shape.path_to(deepest)
         keep_tree_path(self.cache, prefix, [0, *path])
         return StepResult([self._drafted_host[i - 1] for i in path] + [next_token], shape.size - 1, len(path))

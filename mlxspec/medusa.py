@@ -1,0 +1,181 @@
+"""Medusa heads: predict several tokens ahead from the target's own last hidden state (no second model).
+
+Head i (1..H) reads the hidden state at position t and predicts the token at t+i+1 (the target's LM head predicts
+t+1). Each head is a residual SiLU block, h + silu(W h + b), followed by the target's own LM head (memory-light,
+the default) or a head-specific one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .errors import UserError
+
+CONFIG_FILE, WEIGHTS_FILE = "medusa_config.json", "medusa.safetensors"
+
+
+def output_head(model: nn.Module):
+    """h -> logits exactly as the model's own __call__ computes them from model.model's output."""
+    base = model.lm_head if "lm_head" in model else model.model.embed_tokens.as_linear
+    cap = getattr(model, "final_logit_softcapping", None)
+
+    def head(h: mx.array) -> mx.array:
+        out = base(h)
+        return mx.tanh(out / cap) * cap if cap else out
+
+    return head
+
+
+def forward_with_hidden(model: nn.Module, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
+    """(final hidden states [B, L, D], logits [B, L, V]) from one forward pass."""
+    hidden = model.model(inputs, cache=cache)
+    return hidden, output_head(model)(hidden)
+
+
+def base_model_identity(model_dir: Path) -> str:
+    """A fingerprint of the base model: its config, its safetensors headers and the first MiB of each file's data."""
+    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with open(path, "rb") as f:
+            header_len = struct.unpack("<Q", f.read(8))[0]
+            digest.update(f.read(header_len))
+            digest.update(f.read(1 << 20))
+    return digest.hexdigest()
+
+
+@dataclass
+class MedusaConfig:
+    num_heads: int
+    hidden_size: int
+    vocab_size: int
+    shared_lm_head: bool = True
+    base_model: str = ""  # the base model's directory name, for people
+    base_model_identity: str = ""  # base_model_identity(dir), checked at load
+    topk_accuracy: list[list[float]] = field(default_factory=list)  # [head][rank] P(rank-r token is right)
+    data: str = "corpus"
+
+
+class ResBlock(nn.Module):
+    def __init__(self, dims: int):
+        super().__init__()
+        self.linear = nn.Linear(dims, dims)
+        self.linear.weight = mx.zeros_like(self.linear.weight)  # start as identity: heads begin as the LM head
+
+    def __call__(self, h: mx.array) -> mx.array:
+        return h + nn.silu(self.linear(h))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, config: MedusaConfig):
+        super().__init__()
+        self.config = config
+        self.blocks = [ResBlock(config.hidden_size) for _ in range(config.num_heads)]
+        if not config.shared_lm_head:
+            self.lm_heads = [nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+                             for _ in range(config.num_heads)]
+
+    def __call__(self, hidden: mx.array, base_head) -> mx.array:
+        """hidden [..., D] -> logits [H, ..., V] for tokens t+2 .. t+H+1."""
+        outs = []
+        for i, block in enumerate(self.blocks):
+            h = block(hidden)
+            outs.append(base_head(h) if self.config.shared_lm_head else self.lm_heads[i](h))
+        return mx.stack(outs)
+
+
+def save_medusa(heads: MedusaHeads, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(heads.parameters()))
+    mx.save_safetensors(str(out_dir / WEIGHTS_FILE), {k: v.astype(mx.bfloat16) for k, v in weights.items()})
+    (out_dir / CONFIG_FILE).write_text(json.dumps(asdict(heads.config), indent=1) + "\n")
+
+
+def load_medusa(path: str | Path, base_model_dir: Path) -> MedusaHeads:
+    """Load heads and refuse them if they were trained on another base model."""
+    path = Path(path)
+    if not (path / CONFIG_FILE).exists():
+        raise UserError(f"'{path}' has no {CONFIG_FILE}; pass a directory written by `mlxspec train-medusa`")
+    config = MedusaConfig(**json.loads((path / CONFIG_FILE).read_text()))
+    identity = base_model_identity(base_model_dir)
+    if config.base_model_identity != identity:
+        raise UserError(f"Medusa heads in '{path}' were trained on base model '{config.base_model}', not on "
+                        f"'{base_model_dir}'; train heads for this model with `mlxspec train-medusa`")
+    heads = MedusaHeads(config)
+    heads.load_weights(str(path / WEIGHTS_FILE))
+    heads.set_dtype(mx.float32)
+    mx.eval(heads.parameters())
+    return heads
+
+
+def sparse_tree(topk_accuracy: list[list[float]], max_nodes: int, max_topk: int) -> list[tuple[int, ...]]:
+    """Medusa's static sparse tree: the max_nodes rank-paths (r1, .., rd) with the highest estimated probability
+    prod_d acc[d][r_d], each added only after its parent. Returned in BFS order (by depth, then probability)."""
+    chosen: list[tuple[tuple[int, ...], float]] = []
+    frontier = [((r,), topk_accuracy[0][r]) for r in range(min(max_topk, len(topk_accuracy[0])))]
+    while frontier and len(chosen) < max_nodes:
+        frontier.sort(key=lambda item: -item[1])
+        path, prob = frontier.pop(0)
+        chosen.append((path, prob))
+        depth = len(path)
+        if depth < len(topk_accuracy):
+            frontier += [(path + (r,), prob * topk_accuracy[depth][r])
+                         for r in range(min(max_topk, len(topk_accuracy[depth])))]
+    return [p for p, _ in sorted(chosen, key=lambda item: (len(item[0]), -item[1]))]
+
+
+class MedusaDrafter:
+    """Drafts a static sparse tree (or the top-1 chain) from Medusa heads on the target's last hidden state."""
+
+    uses_target_hidden = True
+
+    def __init__(self, heads: MedusaHeads, target: nn.Module, tree_nodes: int | None = None, tree_topk: int = 1):
+        self.heads, self.base_head = heads, output_head(target)
+        num_heads = heads.config.num_heads
+        if tree_topk > 1:
+            accuracy = heads.config.topk_accuracy or [[0.5 ** (r + 1) for r in range(tree_topk)]] * num_heads
+            self.paths = sparse_tree(accuracy, tree_nodes or 4 * tree_topk, tree_topk)
+        else:
+            self.paths = [(0,) * d for d in range(1, num_heads + 1)]
+        self.max_rank = 1 + max(max(p) for p in self.paths)
+        self.max_nodes = len(self.paths)
+        index = {path: i + 1 for i, path in enumerate(self.paths)}
+        self.shape_parents = tuple([-1] + [index.get(p[:-1], 0) for p in self.paths])
+        self.head_index = mx.array([len(p) - 1 for p in self.paths])
+        self.rank_index = mx.array([p[-1] for p in self.paths])
+        self.hidden: mx.array | None = None
+        self.calls = 0
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.hidden = None
+
+    def set_hidden(self, hidden: mx.array | None) -> None:
+        """The target's final hidden state at the token before the pending one (lazy; no sync)."""
+        self.hidden = hidden
+
+    def propose(self, num_tokens: int, key: mx.array):
+        from .drafters import Draft
+        from .trees import TreeShape
+
+        if self.hidden is None:
+            return None
+        logits = self.heads(self.hidden, self.base_head)  # [H, V]
+        top = mx.argsort(-logits, axis=-1)[:, : self.max_rank].astype(mx.int32)
+        depth = min(num_tokens, max(len(p) for p in self.paths))
+        keep = [i for i, p in enumerate(self.paths) if len(p) <= depth]
+        tokens = top[self.head_index, self.rank_index][mx.array(keep)] if len(keep) < len(self.paths) else \
+            top[self.head_index, self.rank_index]
+        parents = self.shape_parents[: len(keep) + 1]
+        self.calls += 1
+        return Draft(tokens, None, TreeShape(parents))
+
+    def accept(self, emitted: list[int], drafted: list[int]) -> None:
+        pass  # the engine hands the new hidden state over through set_hidden

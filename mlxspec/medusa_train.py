@@ -1,0 +1,158 @@
+"""`mlxspec train-medusa`: train Medusa heads on a frozen target, on corpus text or the target's own continuations."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .corpus import read_text, split_files
+from .loading import LoadedModel
+from .medusa import MedusaConfig, MedusaHeads, base_model_identity, output_head, save_medusa
+
+HEAD_DECAY = 0.8  # later heads are harder; weight their loss less, as Medusa does
+
+
+@dataclass
+class MedusaTrainConfig:
+    num_heads: int = 4
+    steps: int = 400
+    batch_size: int = 8
+    seq_len: int = 256
+    lr: float = 1e-3
+    warmup: int = 20
+    seed: int = 0
+    data: str = "corpus"  # or "self-distill"
+    distill_sequences: int = 160
+    eval_windows: int = 64
+    shared_lm_head: bool = True
+
+
+def token_stream(files: list[Path], tokenizer) -> np.ndarray:
+    ids: list[int] = []
+    for path in files:
+        text = read_text(path)
+        if text:
+            ids += tokenizer.encode(text) + [tokenizer.eos_token_id]
+    return np.asarray(ids, dtype=np.int32)
+
+
+def self_distilled_stream(target: LoadedModel, stream: np.ndarray, cfg: MedusaTrainConfig,
+                          log: Callable[[str], None]) -> np.ndarray:
+    """The target's own greedy continuations of corpus prompts: what its heads will be asked to predict."""
+    from .engine import SpeculativeEngine
+    from .sampling import SamplingConfig
+
+    rng = np.random.default_rng(cfg.seed + 1)
+    prompt_len, gen_len = 64, cfg.seq_len - 64
+    pieces = []
+    for i in range(cfg.distill_sequences):
+        start = int(rng.integers(0, len(stream) - prompt_len))
+        prompt = stream[start : start + prompt_len].tolist()
+        engine = SpeculativeEngine(target.model, None, SamplingConfig(), context_length=target.context_length)
+        engine.prefill(prompt)
+        out = [engine.step(gen_len - j).tokens[0] for j in range(gen_len)]
+        pieces.append(np.asarray(prompt + out, dtype=np.int32))
+        log(f"self-distill: {i + 1}/{cfg.distill_sequences} sequences")
+    return np.concatenate(pieces)
+
+
+def head_losses(heads: MedusaHeads, hidden: mx.array, tokens: mx.array, base_head) -> mx.array:
+    """Cross-entropy of each head; head i (1-based) predicts tokens[t + i + 1] from hidden[t]. -> [H]"""
+    logits = heads(hidden, base_head)  # [H, B, T, V]
+    losses = []
+    for i in range(heads.config.num_heads):
+        shift = i + 2
+        losses.append(nn.losses.cross_entropy(logits[i][:, :-shift], tokens[:, shift:], reduction="mean"))
+    return mx.stack(losses)
+
+
+def topk_accuracy(heads: MedusaHeads, target: LoadedModel, windows: list[np.ndarray], max_rank: int = 8):
+    """[head][rank]: how often the head's rank-r token is the true token, over held-out windows."""
+    base_head = output_head(target.model)
+    hits = np.zeros((heads.config.num_heads, max_rank))
+    counts = np.zeros(heads.config.num_heads)
+    for window in windows:
+        x = mx.array(window)[None]
+        logits = heads(target.model.model(x), base_head)[:, 0]  # [H, T, V]
+        order = mx.argsort(-logits, axis=-1)[..., :max_rank]
+        mx.eval(order)
+        order = np.array(order)
+        for i in range(heads.config.num_heads):
+            shift = i + 2
+            labels = window[shift:]
+            hits[i] += (order[i, : len(window) - shift] == labels[:, None]).sum(axis=0)
+            counts[i] += len(labels)
+    return (hits / counts[:, None]).tolist()
+
+
+def train_medusa(target: LoadedModel, out_dir: Path, cfg: MedusaTrainConfig,
+                 log: Callable[[str], None] = print) -> MedusaHeads:
+    mx.random.seed(cfg.seed)
+    train_files, heldout_files = split_files()
+    stream = token_stream(train_files, target.tokenizer)
+    if cfg.data == "self-distill":
+        cached = out_dir / "distilled.npy"
+        if cached.exists():
+            stream = np.load(cached)
+        else:
+            stream = self_distilled_stream(target, stream, cfg, log)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            np.save(cached, stream)
+    heldout = token_stream(heldout_files, target.tokenizer)
+    config = MedusaConfig(cfg.num_heads, target.config["hidden_size"], target.config["vocab_size"],
+                          cfg.shared_lm_head, target.path.name, base_model_identity(target.path), data=cfg.data)
+    heads = MedusaHeads(config)
+    target.model.freeze()
+    base_head = output_head(target.model)
+    warmup = min(cfg.warmup, cfg.steps // 2)
+    schedule = optim.join_schedules([optim.linear_schedule(cfg.lr / 20, cfg.lr, max(warmup, 1)),
+                                     optim.cosine_decay(cfg.lr, max(cfg.steps - warmup, 1), cfg.lr / 10)],
+                                    [max(warmup, 1)])
+    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
+    weights = mx.array([HEAD_DECAY**i for i in range(cfg.num_heads)])
+
+    def loss_fn(model, hidden, tokens):
+        return (head_losses(model, hidden, tokens, base_head) * weights).sum() / weights.sum()
+
+    step_fn = nn.value_and_grad(heads, loss_fn)
+    ckpt = out_dir / "checkpoint"
+    state = {"step": 0}
+    if (ckpt / "state.json").exists():
+        heads.load_weights(str(ckpt / "heads.safetensors"))
+        optimizer.state = tree_unflatten(list(mx.load(str(ckpt / "opt.safetensors")).items()))
+        state = json.loads((ckpt / "state.json").read_text())
+        log(f"resumed at step {state['step']}")
+    rng = np.random.default_rng(cfg.seed + state["step"])
+    start = time.perf_counter()
+    while state["step"] < cfg.steps:
+        starts = rng.integers(0, len(stream) - cfg.seq_len, cfg.batch_size)
+        tokens = mx.array(np.stack([stream[s : s + cfg.seq_len] for s in starts]))
+        hidden = mx.stop_gradient(target.model.model(tokens))
+        loss, grads = step_fn(heads, hidden, tokens)
+        optimizer.update(heads, grads)
+        mx.eval(heads.parameters(), optimizer.state, loss)
+        state["step"] += 1
+        rate = state["step"] * cfg.batch_size * cfg.seq_len / (time.perf_counter() - start)
+        log(f"step {state['step']}/{cfg.steps} loss {loss.item():.3f} {rate:,.0f} tok/s")
+        if state["step"] % 50 == 0 or state["step"] == cfg.steps:
+            ckpt.mkdir(parents=True, exist_ok=True)
+            heads.save_weights(str(ckpt / "heads.safetensors"))
+            mx.save_safetensors(str(ckpt / "opt.safetensors"), dict(tree_flatten(optimizer.state)))
+            (ckpt / "state.json").write_text(json.dumps(state))
+    windows = [heldout[i : i + cfg.seq_len] for i in range(0, len(heldout) - cfg.seq_len, cfg.seq_len)]
+    rng_eval = np.random.default_rng(cfg.seed)
+    picked = [windows[i] for i in sorted(rng_eval.choice(len(windows), min(cfg.eval_windows, len(windows)), False))]
+    heads.config.topk_accuracy = topk_accuracy(heads, target, picked)
+    save_medusa(heads, out_dir)
+    for i, acc in enumerate(heads.config.topk_accuracy):
+        log(f"head {i + 1} (token t+{i + 2}): top-1 {acc[0]:.3f}  top-5 {sum(acc[:5]):.3f}")
+    return heads
