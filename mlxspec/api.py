@@ -16,6 +16,7 @@ from .loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, check_compatibl
 from .sampling import SamplingConfig
 
 MAX_NUM_DRAFT = 64
+ADAPTIVE_MAX_DRAFT = 8  # the longest chain the adaptive controller may choose
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Stats:
     drafted: int = 0  # tokens (chains) or nodes (trees) proposed
     accepted: int = 0
     tree_nodes: int = 0  # nodes verified per step by tree drafts (0 for chains)
+    note: str = ""  # why mlxspec decoded plainly instead of speculating, if it did
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
     peak_memory_bytes: int = 0
@@ -73,15 +75,18 @@ class GenerationResult:
     finish_reason: str | None = None
 
 
-def _check_num_draft(num_draft: int) -> None:
+def _check_num_draft(num_draft: int | str) -> None:
+    if num_draft == "auto":
+        return
     if not isinstance(num_draft, int) or not 1 <= num_draft <= MAX_NUM_DRAFT:
-        raise UserError(f"num_draft {num_draft} is outside 1..{MAX_NUM_DRAFT}; 4 is a good start")
+        raise UserError(f"num_draft {num_draft} is outside 1..{MAX_NUM_DRAFT}; 4 is a good start, "
+                        "or 'auto' to adapt it")
 
 
 class Speculator:
     """A loaded target (and optional draft) ready for repeated generation."""
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, num_draft: int = 4,
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, num_draft: int | str = "auto",
                  kv_bits: int | None = None, draft_window: int | None = None, medusa=None):
         _check_num_draft(num_draft)
         if draft is not None:
@@ -121,7 +126,7 @@ class Speculator:
         return tokens
 
     def stream(self, prompt: str | list[int], max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, min_p: float = 0.0, num_draft: int | None = None, seed: int = 0,
+               top_k: int = 0, min_p: float = 0.0, num_draft: int | str | None = None, seed: int = 0,
                stop: list[str] | None = None, chat: bool = False, use_draft: bool = True,
                stop_at_eos: bool = True, tree_topk: int = 1, tree_nodes: int | None = None,
                lookup: bool = False) -> Iterator[Chunk]:
@@ -134,6 +139,8 @@ class Speculator:
         sampling.validate()
         num_draft = self.num_draft if num_draft is None else num_draft
         _check_num_draft(num_draft)
+        adaptive = num_draft == "auto"
+        num_draft = ADAPTIVE_MAX_DRAFT if adaptive else num_draft
         if max_tokens < 1:
             raise UserError(f"max_tokens {max_tokens} must be at least 1")
         if tree_topk < 1 or (tree_nodes is not None and tree_nodes < tree_topk):
@@ -144,10 +151,15 @@ class Speculator:
         stops = [s for s in (stop or []) if s]
 
         drafter = self._make_drafter(sampling, num_draft, use_draft, tree_topk, lookup)
+        controller = None
+        if adaptive and isinstance(drafter, DraftModelDrafter) and tree_topk == 1:
+            controller = self.draft_length_controller(num_draft)
         engine = SpeculativeEngine(self.target.model, drafter, sampling, num_draft=num_draft, seed=seed,
                                    kv_bits=self.kv_bits, context_length=self.target.context_length,
-                                   max_nodes=num_draft * tree_topk)
+                                   max_nodes=num_draft * tree_topk, controller=controller)
         stats = self.last_stats = Stats(prompt_tokens=len(tokens))
+        if controller is not None and not controller.can_win:
+            stats.note = "verification costs too much on this device for drafting to pay; decoding plainly"
         mx.reset_peak_memory()
         start = time.perf_counter()
         engine.prefill(tokens)
@@ -191,6 +203,14 @@ class Speculator:
             yield Chunk(text[sent:end], new_tokens, finish)
             sent = end
 
+    def draft_length_controller(self, max_draft: int):
+        """Adaptive draft length from this device's measured cost curve (measured once, then cached)."""
+        from .costs import DraftLengthController, cached_curve
+
+        curve = cached_curve(self.target.model, self.draft.model, self.target.path, self.draft.path,
+                             sizes=tuple(range(1, max_draft + 2)))
+        return DraftLengthController(curve, max_draft)
+
     def _make_drafter(self, sampling: SamplingConfig, num_draft: int, use_draft: bool, tree_topk: int,
                       lookup: bool) -> Drafter | None:
         model_drafter = None
@@ -218,13 +238,15 @@ class Speculator:
         return GenerationResult("".join(pieces), tokens, self.last_stats, finish)
 
 
-def load(model: str | Path | None = None, draft: str | Path | None = "auto", num_draft: int = 4,
+def load(model: str | Path | None = None, draft: str | Path | None = "auto", num_draft: int | str = "auto",
          quantize_target: int | None = None, kv_bits: int | None = None, draft_window: int | None = None,
          medusa: str | Path | None = None) -> Speculator:
     """Load a target and a draft once. draft="auto" uses the embedded draft with the embedded target; None disables."""
     target = load_model(model or DEFAULT_TARGET, quantize_bits=quantize_target)
     if draft == "auto":
-        draft = DEFAULT_DRAFT if model is None else None
+        draft = DEFAULT_DRAFT if model is None and medusa is None else None
+    if draft is not None and medusa is not None:
+        raise UserError("a draft model and Medusa heads are two drafters; pass one of them")
     draft_model = load_model(draft) if draft is not None else None
     if kv_bits not in (None, 4, 8):
         raise UserError(f"kv_bits {kv_bits} is not supported; use 4 or 8")

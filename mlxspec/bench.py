@@ -146,3 +146,102 @@ def format_table(results: list[ModeResult]) -> str:
                      f"{r.speedup:7.2f}x {r.acceptance_rate:6.2f} {r.tokens_per_target_call:5.2f} "
                      f"{r.target_calls_per_token:9.2f} {r.peak_memory_bytes / 2**20:8.1f}")
     return "\n".join(lines)
+
+
+def build_modes(speculator: Speculator, ks: tuple[int, ...], families: set[str], medusa_heads=None,
+                tree_topk: int = 2, tree_depth: int = 4) -> dict[str, RunFn]:
+    """Every mode worth comparing, first the baseline (mlx-lm's plain decoding with the same target)."""
+    target = speculator.target.model
+    draft = speculator.draft.model if speculator.draft is not None else None
+    modes: dict[str, RunFn] = {"mlx-lm plain": mlx_lm_plain(target)}
+    if draft is not None and "mlx-lm" in families:
+        for k in ks:
+            modes[f"mlx-lm speculative k={k}"] = mlx_lm_speculative(target, draft, k)
+    if "plain" in families:
+        modes["mlxspec no-draft"] = mlxspec_mode(speculator, use_draft=False)
+    if draft is not None and "draft" in families:
+        for k in ks:
+            modes[f"mlxspec draft k={k}"] = mlxspec_mode(speculator, num_draft=k)
+    if draft is not None and "adaptive" in families:
+        modes["mlxspec draft adaptive"] = mlxspec_mode(speculator, num_draft="auto")
+    if draft is not None and "tree" in families:
+        modes[f"mlxspec draft tree {tree_depth}x{tree_topk}"] = mlxspec_mode(
+            speculator, num_draft=tree_depth, tree_topk=tree_topk)
+    if "lookup" in families:
+        modes["mlxspec lookup k=4"] = mlxspec_mode(speculator, use_draft=False, lookup=True, num_draft=4)
+        if draft is not None:
+            modes["mlxspec lookup+draft k=4"] = mlxspec_mode(speculator, lookup=True, num_draft=4)
+    if medusa_heads is not None and "medusa" in families:
+        medusa = Speculator(speculator.target, None, medusa=medusa_heads)
+        heads = medusa_heads.config.num_heads
+        modes["mlxspec medusa chain"] = mlxspec_mode(medusa, num_draft=heads)
+        modes[f"mlxspec medusa tree {2 * heads}n"] = mlxspec_mode(medusa, num_draft=heads, tree_topk=2)
+    return modes
+
+
+def verify_curve_report(speculator: Speculator, max_tokens: int = 32) -> str:
+    """Cost of one target forward over 1, 2, 4, ... tokens on this device, and the draft length it implies."""
+    from .costs import best_draft_length, cached_curve, expected_speedup
+
+    sizes = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_tokens)
+    draft = speculator.draft
+    curve = cached_curve(speculator.target.model, draft.model if draft else None, speculator.target.path,
+                         draft.path if draft else None, refresh=True, sizes=sizes)
+    base = curve.target[1]
+    lines = [f"verification cost at context {curve.context} ({curve.blas} BLAS), median of 7:",
+             f"{'tokens':>8s} {'ms':>9s} {'x one token':>12s}"]
+    lines += [f"{n:8d} {t * 1e3:9.2f} {t / base:12.2f}" for n, t in sorted(curve.target.items())]
+    if draft is not None:
+        lines.append(f"draft, one token: {curve.draft_one * 1e3:.2f} ms ({curve.draft_one / base:.2f} x target)")
+        lines.append("best draft length (Leviathan's expected speedup) by acceptance rate:")
+        for alpha in (0.3, 0.5, 0.7, 0.9):
+            k = best_draft_length(curve, alpha, max(1, max(sizes) - 1))
+            lines.append(f"  alpha {alpha:.1f}: k={k}, expected speedup {expected_speedup(curve, alpha, k):.2f}x")
+    return "\n".join(lines)
+
+
+def profile_split(speculator: Speculator, prompts: list[list[int]], max_tokens: int, num_draft: int,
+                  temperature: float) -> dict[str, float]:
+    """Seconds per step spent drafting, verifying, accepting and on bookkeeping (profiling adds syncs)."""
+    from .drafters import DraftModelDrafter
+    from .engine import SpeculativeEngine
+    from .sampling import SamplingConfig
+
+    sampling = SamplingConfig(temperature)
+    totals: dict[str, float] = {}
+    steps = 0
+    for prompt in prompts:
+        drafter = DraftModelDrafter(speculator.draft.model, sampling, num_draft)
+        engine = SpeculativeEngine(speculator.target.model, drafter, sampling, num_draft=num_draft)
+        engine.prefill(prompt)
+        engine.profile = totals
+        produced = 0
+        while produced < max_tokens:
+            produced += len(engine.step(max_tokens - produced).tokens)
+            steps += 1
+    return {phase: seconds / steps for phase, seconds in totals.items()}
+
+
+def plot(results_by_temp: dict[str, list[ModeResult]], path: str) -> None:
+    """speedup vs K for the draft-model modes, and tok/s per mode, one row per temperature."""
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(results_by_temp), 2, figsize=(13, 4.5 * len(results_by_temp)), squeeze=False)
+    for row, (temp, results) in enumerate(results_by_temp.items()):
+        for prefix in ("mlxspec draft k=", "mlx-lm speculative k="):
+            points = sorted((int(m.group(1)), r.speedup) for r in results
+                            if (m := re.fullmatch(re.escape(prefix) + r"(\d+)", r.mode)))
+            if points:
+                axes[row][0].plot(*zip(*points), marker="o", label=prefix.rstrip(" k="))
+        axes[row][0].axhline(1.0, color="grey", lw=0.8)
+        axes[row][0].set(xlabel="draft length k", ylabel="speedup vs plain", title=f"temperature {temp}")
+        axes[row][0].legend()
+        axes[row][1].barh([r.mode for r in results], [r.tokens_per_second for r in results])
+        axes[row][1].set(xlabel="tokens/s", title=f"temperature {temp}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -31,25 +31,55 @@ class Group(click.Group):
 
 @click.group(cls=Group)
 @click.version_option(package_name="mlxspec")
-def main() -> None:
+def cli() -> None:
     """Exact speculative decoding on MLX."""
 
 
+def reexec_with_openblas(argv: list[str]) -> None:
+    """On Linux, rerun compute commands with Debian's OpenBLAS preloaded when it is installed: the mlx-cpu wheel's
+    bundled reference BLAS makes verifying k tokens cost k times one. Results are identical (tested); opt out with
+    MLXSPEC_NO_OPENBLAS=1."""
+    import sysconfig
+
+    if sys.platform != "linux" or os.environ.get("MLXSPEC_NO_OPENBLAS") or os.environ.get("_MLXSPEC_REEXEC"):
+        return
+    if len(argv) < 2 or argv[1] not in ("generate", "bench", "train-medusa"):
+        return
+    arch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
+    library = f"/usr/lib/{arch}/openblas-pthread/libblas.so.3"
+    if not os.path.exists(library) or "blas" in os.environ.get("LD_PRELOAD", ""):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(library)  # it must load before we bet the process on it
+    except OSError:
+        return
+    env = dict(os.environ, LD_PRELOAD=f"{library} {os.environ.get('LD_PRELOAD', '')}".strip(), _MLXSPEC_REEXEC="1")
+    os.execve(sys.executable, [sys.executable, "-m", "mlxspec.cli", *argv[1:]], env)
+
+
+def main() -> None:
+    reexec_with_openblas(sys.argv)
+    cli()
+
+
 def format_stats(stats) -> str:
+    tree = f"tree_nodes={stats.tree_nodes} " if stats.tree_nodes else ""
     return (f"alpha={stats.acceptance_rate:.2f} tau={stats.tokens_per_target_call:.2f} "
             f"gen={stats.tokens_per_second:.1f} tok/s prompt={stats.prompt_tokens_per_second:.1f} tok/s "
-            f"tokens={stats.generated_tokens} target_calls={stats.target_calls} "
-            + (f"tree_nodes={stats.tree_nodes} " if stats.tree_nodes else "") +
+            f"tokens={stats.generated_tokens} target_calls={stats.target_calls} {tree}"
             f"peak={stats.peak_memory_bytes / 2**20:.1f} MiB")
 
 
-@main.command()
+@cli.command()
 @click.argument("prompt")
 @click.option("--model", default=None, help="Target: an mlx-lm model directory or HF repo id [default: embedded target].")
 @click.option("--draft", default=None, help="Draft model directory or repo id [default: embedded draft with the "
                                             "embedded target, none otherwise].")
 @click.option("--no-draft", is_flag=True, help="Plain decoding through the same code, for comparison.")
-@click.option("-k", "--num-draft", type=int, default=4, show_default=True, help="Tokens drafted per step (1-64).")
+@click.option("-k", "--num-draft", type=int, default=None,
+              help="Tokens drafted per step (1-64) [default: adapted each step to acceptance and measured cost].")
 @click.option("--max-tokens", type=int, default=256, show_default=True)
 @click.option("--temp", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
@@ -89,8 +119,9 @@ def generate(prompt, model, draft, no_draft, num_draft, max_tokens, temp, top_p,
     if memory_budget:
         from .budget import fit_to_budget
 
-        settings = fit_to_budget(str(model or DEFAULT_TARGET), draft, memory_budget, len(prompt), max_tokens, num_draft,
-                                 settings, auto, report=lambda line: click.echo(line, err=True))
+        settings = fit_to_budget(str(model or DEFAULT_TARGET), draft, memory_budget, len(prompt), max_tokens,
+                                 num_draft or 8,                                 settings, auto, report=lambda line: click.echo(line, err=True))
+    num_draft = "auto" if num_draft is None else num_draft
     speculator = load(model, draft, num_draft=num_draft, medusa=None if no_draft else medusa_path, **settings)
     kwargs = dict(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p,
                   num_draft=num_draft, seed=seed, stop=list(stop), chat=chat, tree_topk=tree_topk,
@@ -103,8 +134,15 @@ def generate(prompt, model, draft, no_draft, num_draft, max_tokens, temp, top_p,
     for chunk in speculator.stream(prompt, **kwargs):
         click.echo(chunk.text, nl=False)
     click.echo()
+    stats = speculator.last_stats
+    if stats.note:
+        from .costs import fast_blas_hint
+
+        click.echo(f"mlxspec: {stats.note}", err=True)
+        if fast_blas_hint():
+            click.echo(fast_blas_hint(), err=True)
     if verbose:
-        click.echo(format_stats(speculator.last_stats), err=True)
+        click.echo(format_stats(stats), err=True)
 
 
 def _read_prompts(path, tokenizer) -> list[list[int]]:
@@ -127,53 +165,82 @@ def _read_prompts(path, tokenizer) -> list[list[int]]:
     return prompts
 
 
-@main.command()
+@cli.command()
 @click.option("--model", default=None, help="Target [default: embedded target].")
 @click.option("--draft", default=None, help="Draft [default: embedded draft with the embedded target].")
-@click.option("-k", "--num-draft", "num_drafts", type=int, multiple=True, help="Draft length(s) to compare [4].")
+@click.option("--medusa", "medusa_path", default=None, help="Medusa heads [default: embedded heads, if shipped].")
+@click.option("-k", "--num-draft", "num_drafts", type=int, multiple=True, help="Draft length(s) to compare [2 4 6].")
 @click.option("--temp", "temps", type=float, multiple=True, help="Temperature(s) [0 and 0.7].")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--modes", default="mlx-lm,plain,draft,adaptive,tree,lookup,medusa", show_default=True,
+              help="Mode families to run.")
 @click.option("--prompts", "prompts_file", default=None, help="JSONL prompts [default: held-out stdlib files].")
 @click.option("--num-prompts", type=int, default=8, show_default=True)
 @click.option("--prompt-tokens", type=int, default=128, show_default=True)
 @click.option("--max-tokens", type=int, default=128, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True)
+@click.option("--verify-curve", is_flag=True, help="Time one target forward over 1..32 tokens and stop.")
+@click.option("--profile", is_flag=True, help="Also report the per-step time split of the draft-model mode.")
 @click.option("--json", "json_out", default=None, help="Also write the results to this JSON file.")
-def bench(model, draft, num_drafts, temps, top_p, prompts_file, num_prompts, prompt_tokens, max_tokens, repeats,
-          json_out) -> None:
+@click.option("--plot", "plot_path", default=None, help="Also draw speedup vs k and tok/s per mode to a PNG.")
+def bench(model, draft, medusa_path, num_drafts, temps, top_p, modes, prompts_file, num_prompts, prompt_tokens,
+          max_tokens, repeats, verify_curve, profile, json_out, plot_path) -> None:
     """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts."""
     from . import bench as bench_module
     from .api import load
+    from .costs import blas_in_use, fast_blas_hint
+    from .loading import MODELS_DIR
 
-    num_drafts = num_drafts or (4,)
+    if plot_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UserError("--plot needs matplotlib: pip install matplotlib") from None
+    num_drafts = num_drafts or (2, 4, 6)
     temps = temps or (0.0, 0.7)
+    if medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():
+        medusa_path = str(MODELS_DIR / "medusa")
     speculator = load(model, draft or "auto", num_draft=max(num_drafts))
-    if speculator.draft is None:
-        raise UserError("bench needs a draft model; pass --draft")
-    tokenizer = speculator.tokenizer
-    prompts = (_read_prompts(prompts_file, tokenizer) if prompts_file
-               else bench_module.heldout_prompts(tokenizer, num_prompts, prompt_tokens))
-    target, draft_model = speculator.target.model, speculator.draft.model
-    modes = {"mlx-lm plain": bench_module.mlx_lm_plain(target)}
-    for k in num_drafts:
-        modes[f"mlx-lm speculative k={k}"] = bench_module.mlx_lm_speculative(target, draft_model, k)
-    modes["mlxspec no-draft"] = bench_module.mlxspec_mode(speculator, use_draft=False)
-    for k in num_drafts:
-        modes[f"mlxspec draft k={k}"] = bench_module.mlxspec_mode(speculator, num_draft=k)
-    everything = {}
+    heads = None
+    if medusa_path:
+        from .medusa import load_medusa
+
+        heads = load_medusa(medusa_path, speculator.target.path)
+    if fast_blas_hint():
+        click.echo(fast_blas_hint(), err=True)
+    if verify_curve:
+        click.echo(bench_module.verify_curve_report(speculator))
+        return
+    if speculator.draft is None and heads is None:
+        raise UserError("bench compares drafters; pass --draft or --medusa")
+    prompts = (_read_prompts(prompts_file, speculator.tokenizer) if prompts_file
+               else bench_module.heldout_prompts(speculator.tokenizer, num_prompts, prompt_tokens))
+    mode_fns = bench_module.build_modes(speculator, tuple(num_drafts), set(modes.split(",")), heads)
+    everything, by_temp = {}, {}
+    click.echo(f"# {len(prompts)} prompts x {max_tokens} tokens, median of {repeats} passes; {blas_in_use()} BLAS, "
+               f"device {__import__('mlx.core').core.default_device()}")
     for temp in temps:
-        click.echo(f"\n## temperature {temp}" + (f", top-p {top_p}" if top_p < 1 else "") +
-                   f": {len(prompts)} prompts x {max_tokens} tokens, median of {repeats}")
-        results = bench_module.run_modes(modes, prompts, max_tokens, temp, top_p, repeats,
+        click.echo(f"\n## temperature {temp}" + (f", top-p {top_p}" if top_p < 1 else ""))
+        results = bench_module.run_modes(mode_fns, prompts, max_tokens, temp, top_p, repeats,
                                          progress=lambda s: click.echo(f"  {s}", err=True))
         click.echo(bench_module.format_table(results))
+        by_temp[str(temp)] = results
         everything[str(temp)] = [bench_module.asdict(r) for r in results]
+        if profile and speculator.draft is not None:
+            split = bench_module.profile_split(speculator, prompts[:2], max_tokens, max(num_drafts), temp)
+            total = sum(split.values())
+            click.echo(f"per-step split, draft k={max(num_drafts)} (profiling adds syncs): " + ", ".join(
+                f"{phase} {1e3 * sec:.2f} ms ({100 * sec / total:.0f}%)" for phase, sec in split.items()))
+            everything[f"profile {temp}"] = split
     if json_out:
         with open(json_out, "w") as f:
-            json.dump({"prompts": len(prompts), "max_tokens": max_tokens, "results": everything}, f, indent=1)
+            json.dump({"prompts": len(prompts), "max_tokens": max_tokens, "blas": blas_in_use(),
+                       "results": everything}, f, indent=1)
+    if plot_path:
+        bench_module.plot(by_temp, plot_path)
 
 
-@main.command()
+@cli.command()
 @click.option("--model", "model", default=None, help="Target: preset name, model directory, config.json or repo id.")
 @click.option("--draft", default=None, help="Draft model, same forms as --model.")
 @click.option("--medusa-heads", type=int, default=0, help="Plan for this many Medusa heads on the target.")
@@ -218,7 +285,7 @@ def plan(model, draft, medusa_heads, device, memory, context, batch, target_bits
     click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
 
 
-@main.command("train-medusa")
+@cli.command("train-medusa")
 @click.option("--model", default=None, help="Frozen target [default: embedded target].")
 @click.option("--out", "out_dir", required=True, help="Output directory (resumes from its checkpoint).")
 @click.option("--heads", type=int, default=4, show_default=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import time
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -41,13 +43,16 @@ class SpeculativeEngine:
 
     def __init__(self, target: nn.Module, drafter: Drafter | None, sampling: SamplingConfig, num_draft: int = 4,
                  seed: int = 0, kv_bits: int | None = None, context_length: int | None = None,
-                 prefill_chunk: int = 512, max_nodes: int | None = None):
+                 prefill_chunk: int = 512, max_nodes: int | None = None, controller=None):
         self.target = target
         self.drafter = drafter
         self.sampling = sampling
         self.num_draft = num_draft if drafter is not None else 0
         self.context_length = context_length
         self.prefill_chunk = prefill_chunk
+        self.controller = controller  # costs.DraftLengthController: picks each step's draft length
+        self.profile: dict[str, float] | None = None  # set to {} to time draft/verify/accept/bookkeeping
+        self._mark_time = 0.0
         rollback_room = max(self.num_draft, max_nodes or 0, getattr(drafter, "max_nodes", 0)) + 1
         self.cache = make_speculative_cache(target, max_rollback=rollback_room, kv_bits=kv_bits)
         self.key = mx.random.key(seed)
@@ -81,25 +86,40 @@ class SpeculativeEngine:
             return None
         return self.context_length - cache_offset(self.cache)
 
+    def _mark(self, phase: str, *arrays) -> None:
+        """Profiling only: finish `arrays`, charge the time since the last mark to `phase` (adds syncs)."""
+        if self.profile is None:
+            return
+        mx.eval([a for a in arrays if a is not None])
+        now = time.perf_counter()
+        self.profile[phase] = self.profile.get(phase, 0.0) + now - self._mark_time
+        self._mark_time = now
+
     def step(self, max_new_tokens: int) -> StepResult:
         """One draft-verify-accept round emitting between 1 and (draft depth + 1) tokens, at most max_new_tokens."""
+        self._mark_time = time.perf_counter()
         self.key, draft_key, accept_key = mx.random.split(self.key, 3)
-        budget = min(self.num_draft, max_new_tokens - 1)
+        budget = self.num_draft if self.controller is None else min(self.num_draft, self.controller.next_length())
+        budget = min(budget, max_new_tokens - 1)
         if self.room() is not None:
             budget = min(budget, self.room() - len(self.pending))
         draft = self.drafter.propose(budget, draft_key) if budget > 0 else None
         if draft is not None and self.room() is not None and draft.tokens.shape[0] + 1 > self.room():
             draft = None  # no room in the context to verify it: decode one token instead
+        self._mark("draft", None if draft is None else draft.tokens)
         if draft is not None and draft.probs is not None:
             result = self._verify_sampled_chain(draft, accept_key)
         else:
             result = self._verify_deterministic(draft, accept_key)
         self.target_calls += 1
+        if self.controller is not None:
+            self.controller.update(result.drafted, result.accepted)
         if self.drafter is not None:
             self.drafter.accept(result.tokens, self._drafted_host)
             if self.wants_hidden:  # the hidden state at the last kept node predicts past the new pending token
                 self.drafter.set_hidden(self._hidden[self._last_kept_node])
         self.pending = [result.tokens[-1]]
+        self._mark("bookkeeping")
         return result
 
     def _target_probs(self, draft: Draft | None) -> mx.array:
@@ -116,11 +136,13 @@ class SpeculativeEngine:
     def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
         num_draft = draft.tokens.shape[0]
         target_probs = self._target_probs(draft)
+        self._mark("verify", target_probs)
         vocab = max(target_probs.shape[-1], draft.probs.shape[-1])
         num_accepted, next_token = accept_chain(draft.tokens, pad_vocab(draft.probs, vocab),
                                                 pad_vocab(target_probs, vocab), key, self.sampling.greedy)
         values = to_host(mx.concatenate([num_accepted[None], next_token[None], draft.tokens]))
         num_accepted, next_token, self._drafted_host = values[0], values[1], values[2:]
+        self._mark("accept")
         self._last_kept_node = num_accepted
         rollback(self.cache, num_draft - num_accepted)
         return StepResult(self._drafted_host[:num_accepted] + [next_token], num_draft, num_accepted)
@@ -129,16 +151,21 @@ class SpeculativeEngine:
         """Plain decoding when draft is None; else a deterministic chain or tree, verified node by node."""
         if draft is None:
             probs = self._target_probs(None)
+            self._mark("verify", probs)
             self._drafted_host, self._last_kept_node = [], -1
-            return StepResult([to_host(sample(probs[-1], key, self.sampling.greedy)[None])[0]], 0, 0)
+            token = to_host(sample(probs[-1], key, self.sampling.greedy)[None])[0]
+            self._mark("accept")
+            return StepResult([token], 0, 0)
         shape, prefix = draft.tree, cache_offset(self.cache)
         with tree_verification(self.target, self.cache, shape, prefix):
             probs = self._target_probs(draft)
+        self._mark("verify", probs)
         node_tokens = mx.concatenate([mx.array(self.pending, dtype=mx.int32), draft.tokens])
         parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
         deepest, next_token = accept_tree(node_tokens, parents, probs, key, shape.max_depth, self.sampling.greedy)
         values = to_host(mx.concatenate([deepest[None], next_token[None], draft.tokens]))
         deepest, next_token, self._drafted_host = values[0], values[1], values[2:]
+        self._mark("accept")
         self._last_kept_node = deepest
         path = shape.path_to(deepest)
         keep_tree_path(self.cache, prefix, [0, *path])

@@ -1,0 +1,164 @@
+"""Measured forward-pass costs and the expected-speedup arithmetic that chooses the draft length.
+
+Verification is "free" only where the target's cost curve over 1, 2, 4, ... tokens is flat. On MLX's stock Linux
+CPU wheel (reference BLAS) it grows linearly, and speculation can only lose; the curve shows it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
+CACHE_FILE = Path(os.environ.get("MLXSPEC_CACHE", Path.home() / ".cache" / "mlxspec")) / "cost_curves.json"
+
+
+def blas_in_use() -> str:
+    """Which BLAS MLX's CPU matmuls resolve to: a system or preloaded one, or the wheel's bundled reference BLAS.
+
+    numpy's own OpenBLAS (libscipy_openblas64_, 64-bit symbols) does not count: MLX never calls it.
+    """
+    try:
+        maps = Path("/proc/self/maps").read_text().lower()
+    except OSError:
+        return "platform"  # macOS: Accelerate, always fast
+    libraries = {line.split()[-1] for line in maps.splitlines() if "blas" in line or "mkl" in line}
+    fast = [lib for lib in libraries if "mlx_cpu.libs" not in lib and "scipy_openblas" not in lib]
+    return "openblas" if any("openblas" in lib for lib in fast) else ("other" if fast else "reference")
+
+
+def fast_blas_hint() -> str | None:
+    """One line telling a Linux CPU user how to get a fast BLAS, or None where nothing is to be done."""
+    if mx.default_device().type != mx.DeviceType.cpu or blas_in_use() != "reference":
+        return None
+    if OPENBLAS.exists():
+        return f"mlxspec: MLX is using reference BLAS; run with LD_PRELOAD={OPENBLAS} for ~10x faster verification"
+    return ("mlxspec: MLX is using reference BLAS; `apt-get install libopenblas0-pthread` and "
+            f"LD_PRELOAD={OPENBLAS} make verification ~10x faster")
+
+
+@dataclass
+class CostCurve:
+    """Median seconds of one forward pass over n new tokens at a fixed context, per n."""
+
+    target: dict[int, float]
+    draft_one: float  # one draft forward of one token (0 for drafters without a model)
+    context: int
+    blas: str
+
+    def target_cost(self, n: int) -> float:
+        """Interpolated cost of verifying n tokens."""
+        sizes = sorted(self.target)
+        if n <= sizes[0]:
+            return self.target[sizes[0]]
+        for low, high in zip(sizes, sizes[1:]):
+            if n <= high:
+                return self.target[low] + (self.target[high] - self.target[low]) * (n - low) / (high - low)
+        last, before = sizes[-1], sizes[-2]
+        slope = (self.target[last] - self.target[before]) / (last - before)
+        return self.target[last] + slope * (n - last)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Leviathan et al.: tokens per step with k drafts accepted i.i.d. with probability alpha (bonus included)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def expected_speedup(curve: CostCurve, alpha: float, k: int) -> float:
+    """Tokens per second relative to plain decoding for draft length k (k = 0 is plain decoding)."""
+    step_seconds = k * curve.draft_one + curve.target_cost(k + 1)
+    return expected_tokens(alpha, k) * curve.target_cost(1) / step_seconds
+
+
+def best_draft_length(curve: CostCurve, alpha: float, max_k: int) -> int:
+    """The k in 0..max_k that maximizes expected speedup; 0 means speculation would lose."""
+    return max(range(max_k + 1), key=lambda k: expected_speedup(curve, alpha, k))
+
+
+def _time_forward(model: nn.Module, n: int, context: int, repeats: int) -> float:
+    cache = make_prompt_cache(model)
+    model(mx.zeros((1, context), mx.int32), cache=cache)
+    mx.eval([c.state for c in cache])
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        mx.eval(model(mx.zeros((1, n), mx.int32), cache=cache))
+        times.append(time.perf_counter() - start)
+        for c in cache:
+            c.trim(n)
+    return statistics.median(times[1:])  # the first run warms kernels up
+
+
+def measure_curve(target: nn.Module, draft: nn.Module | None, sizes=(1, 2, 4, 8, 16, 32), context: int = 256,
+                  repeats: int = 7) -> CostCurve:
+    return CostCurve({n: _time_forward(target, n, context, repeats) for n in sizes},
+                     _time_forward(draft, 1, context, repeats) if draft is not None else 0.0, context, blas_in_use())
+
+
+def _key(*model_paths: Path | None) -> str:
+    parts = [str(mx.default_device()), blas_in_use()]
+    for path in model_paths:
+        if path is not None:
+            config = Path(path) / "config.json"
+            parts.append(hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.exists() else str(path))
+    return "|".join(parts)
+
+
+def cached_curve(target: nn.Module, draft: nn.Module | None, target_path: Path, draft_path: Path | None,
+                 refresh: bool = False, **kwargs) -> CostCurve:
+    """The cost curve for this device, BLAS and model pair, measured once and then read from the cache."""
+    key = _key(target_path, draft_path)
+    try:
+        stored = json.loads(CACHE_FILE.read_text())
+    except (OSError, json.JSONDecodeError):
+        stored = {}
+    if key in stored and not refresh:
+        entry = stored[key]
+        return CostCurve({int(n): t for n, t in entry["target"].items()}, entry["draft_one"], entry["context"],
+                         entry["blas"])
+    curve = measure_curve(target, draft, **kwargs)
+    stored[key] = asdict(curve)
+    try:
+        CACHE_FILE.parent.mkdir(parents=True, exist_ok=True)
+        CACHE_FILE.write_text(json.dumps(stored, indent=1))
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+    return curve
+
+
+class DraftLengthController:
+    """Chooses each step's draft length from the running acceptance rate and the measured cost curve."""
+
+    def __init__(self, curve: CostCurve, max_k: int, prior_alpha: float = 0.6, memory: float = 0.9):
+        self.curve, self.max_k, self.memory = curve, max_k, memory
+        # Acceptance counts with exponential forgetting; the prior counts as two steps' worth.
+        self.successes, self.failures = 2 * prior_alpha, 2 * (1 - prior_alpha)
+        # Even perfect acceptance cannot pay for verification: decode plainly.
+        self.can_win = best_draft_length(curve, 1.0, max_k) > 0
+
+    @property
+    def alpha(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+    def next_length(self) -> int:
+        if not self.can_win:
+            return 0
+        # Never settle below one draft token: with none, alpha would stop being measured.
+        return max(1, best_draft_length(self.curve, self.alpha, self.max_k))
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A chain stops at its first rejection: `accepted` successes, then one failure unless all were accepted."""
+        if drafted:
+            self.successes = self.memory * self.successes + accepted
+            self.failures = self.memory * self.failures + (accepted < drafted)
