@@ -7,8 +7,14 @@ from importlib import import_module
 
 __version__ = "0.1.0"
 _EXPORTS = {
-    "Chunk": "api", "GenerationResult": "api", "Speculator": "api", "Stats": "api", "generate": "api", "load": "api",
-    "UserError": "errors", "SamplingConfig": "sampling",
+    "Chunk": "api",
+    "GenerationResult": "api",
+    "Speculator": "api",
+    "Stats": "api",
+    "generate": "api",
+    "load": "api",
+    "UserError": "errors",
+    "SamplingConfig": "sampling",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .drafters import DraftModelDrafter, Drafter, LookupThenModelDrafter, PromptLookupDrafter
+from .drafters import Drafter, DraftModelDrafter, LookupThenModelDrafter, PromptLookupDrafter
 from .engine import SpeculativeEngine
 from .errors import UserError
 from .loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, check_compatible, load_model
@@ -79,15 +79,23 @@ def _check_num_draft(num_draft: int | str) -> None:
     if num_draft == "auto":
         return
     if not isinstance(num_draft, int) or not 1 <= num_draft <= MAX_NUM_DRAFT:
-        raise UserError(f"num_draft {num_draft} is outside 1..{MAX_NUM_DRAFT}; 4 is a good start, "
-                        "or 'auto' to adapt it")
+        raise UserError(
+            f"num_draft {num_draft} is outside 1..{MAX_NUM_DRAFT}; 4 is a good start, or 'auto' to adapt it"
+        )
 
 
 class Speculator:
     """A loaded target (and optional draft) ready for repeated generation."""
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, num_draft: int | str = "auto",
-                 kv_bits: int | None = None, draft_window: int | None = None, medusa=None):
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None = None,
+        num_draft: int | str = "auto",
+        kv_bits: int | None = None,
+        draft_window: int | None = None,
+        medusa=None,
+    ):
         _check_num_draft(num_draft)
         if draft is not None:
             check_compatible(target, draft)
@@ -114,8 +122,9 @@ class Speculator:
             if chat:
                 if not getattr(self.tokenizer, "chat_template", None):
                     raise UserError(f"'{self.target.path}' has no chat template; drop --chat")
-                tokens = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                            add_generation_prompt=True)
+                tokens = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], add_generation_prompt=True
+                )
             else:
                 tokens = self.tokenizer.encode(prompt)
         if not tokens:
@@ -125,15 +134,30 @@ class Speculator:
             raise UserError(f"the prompt has {len(tokens)} tokens but the model's context is {context}; shorten it")
         return tokens
 
-    def stream(self, prompt: str | list[int], max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, min_p: float = 0.0, num_draft: int | str | None = None, seed: int = 0,
-               stop: list[str] | None = None, chat: bool = False, use_draft: bool = True,
-               stop_at_eos: bool = True, tree_topk: int = 1, tree_nodes: int | None = None,
-               lookup: bool = False) -> Iterator[Chunk]:
+    def stream(
+        self,
+        prompt: str | list[int],
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        num_draft: int | str | None = None,
+        seed: int = 0,
+        stop: list[str] | None = None,
+        chat: bool = False,
+        use_draft: bool = True,
+        stop_at_eos: bool = True,
+        tree_topk: int = 1,
+        tree_nodes: int | None = None,
+        lookup: bool = False,
+        heal: bool = False,
+    ) -> Iterator[Chunk]:
         """Yield text as the target accepts it. Stats of the run land in `self.last_stats` as it goes.
 
         tree_topk > 1 drafts a tree with the draft model (top-k alternatives at each depth); tree_nodes caps its
         nodes. lookup=True drafts by prompt lookup, falling back to the draft model when the text does not repeat.
+        heal=True backs the prompt up one token and makes the first token extend it (token healing).
         """
         sampling = SamplingConfig(temperature, top_p, top_k, min_p)
         sampling.validate()
@@ -148,15 +172,29 @@ class Speculator:
         if tree_nodes:
             num_draft = max(1, tree_nodes // tree_topk)  # the tree's depth
         tokens = self.encode(prompt, chat)
+        healed_text, first_token_mask = "", None
+        if heal:
+            from .healing import heal as heal_prompt
+
+            tokens, healed_text, first_token_mask = heal_prompt(self.tokenizer, tokens)
         stops = [s for s in (stop or []) if s]
 
         drafter = self._make_drafter(sampling, num_draft, use_draft, tree_topk, lookup)
         controller = None
         if adaptive and isinstance(drafter, DraftModelDrafter) and tree_topk == 1:
             controller = self.draft_length_controller(num_draft)
-        engine = SpeculativeEngine(self.target.model, drafter, sampling, num_draft=num_draft, seed=seed,
-                                   kv_bits=self.kv_bits, context_length=self.target.context_length,
-                                   max_nodes=num_draft * tree_topk, controller=controller)
+        engine = SpeculativeEngine(
+            self.target.model,
+            drafter,
+            sampling,
+            num_draft=num_draft,
+            seed=seed,
+            kv_bits=self.kv_bits,
+            context_length=self.target.context_length,
+            max_nodes=num_draft * tree_topk,
+            controller=controller,
+        )
+        engine.first_token_mask = first_token_mask
         stats = self.last_stats = Stats(prompt_tokens=len(tokens))
         if controller is not None and not controller.can_win:
             stats.note = "verification costs too much on this device for drafting to pay; decoding plainly"
@@ -168,7 +206,7 @@ class Speculator:
         eos = set(self.tokenizer.eos_token_ids or []) if stop_at_eos else set()
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()
-        sent = 0  # characters of detokenizer.text already yielded
+        sent = len(healed_text)  # characters of detokenizer.text already yielded (the healed text was the user's)
         hold = max((len(s) for s in stops), default=1) - 1  # text that might still grow into a stop string
         start = time.perf_counter()
         finish = None
@@ -192,8 +230,9 @@ class Speculator:
             if finish is not None:
                 detokenizer.finalize()
             text = detokenizer.text
-            cut = min((text.find(s, max(0, sent - hold)) for s in stops if s in text[max(0, sent - hold):]),
-                      default=-1)
+            cut = min(
+                (text.find(s, max(0, sent - hold)) for s in stops if s in text[max(0, sent - hold) :]), default=-1
+            )
             if cut >= 0:
                 text, finish = text[:cut], "stop"
             end = len(text) if finish is not None else max(sent, len(text) - hold)
@@ -207,26 +246,36 @@ class Speculator:
         """Adaptive draft length from this device's measured cost curve (measured once, then cached)."""
         from .costs import DraftLengthController, cached_curve
 
-        curve = cached_curve(self.target.model, self.draft.model, self.target.path, self.draft.path,
-                             sizes=tuple(range(1, max_draft + 2)))
+        curve = cached_curve(
+            self.target.model, self.draft.model, self.target.path, self.draft.path, sizes=tuple(range(1, max_draft + 2))
+        )
         return DraftLengthController(curve, max_draft)
 
-    def _make_drafter(self, sampling: SamplingConfig, num_draft: int, use_draft: bool, tree_topk: int,
-                      lookup: bool) -> Drafter | None:
+    def _make_drafter(
+        self, sampling: SamplingConfig, num_draft: int, use_draft: bool, tree_topk: int, lookup: bool
+    ) -> Drafter | None:
         model_drafter = None
         if use_draft and self.medusa is not None:
             from .medusa import MedusaDrafter
 
-            model_drafter = MedusaDrafter(self.medusa, self.target.model, tree_nodes=num_draft * tree_topk,
-                                          tree_topk=tree_topk)
+            model_drafter = MedusaDrafter(
+                self.medusa, self.target.model, tree_nodes=num_draft * tree_topk, tree_topk=tree_topk
+            )
         elif use_draft and self.draft is not None:
-            model_drafter = DraftModelDrafter(self.draft.model, sampling, num_draft, kv_bits=self.kv_bits,
-                                              kv_window=self.draft_window, tree_topk=tree_topk)
+            model_drafter = DraftModelDrafter(
+                self.draft.model,
+                sampling,
+                num_draft,
+                kv_bits=self.kv_bits,
+                kv_window=self.draft_window,
+                tree_topk=tree_topk,
+            )
         elif tree_topk > 1:
             raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
         if lookup:
-            return LookupThenModelDrafter(PromptLookupDrafter(), model_drafter) if model_drafter \
-                else PromptLookupDrafter()
+            return (
+                LookupThenModelDrafter(PromptLookupDrafter(), model_drafter) if model_drafter else PromptLookupDrafter()
+            )
         return model_drafter
 
     def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
@@ -238,9 +287,15 @@ class Speculator:
         return GenerationResult("".join(pieces), tokens, self.last_stats, finish)
 
 
-def load(model: str | Path | None = None, draft: str | Path | None = "auto", num_draft: int | str = "auto",
-         quantize_target: int | None = None, kv_bits: int | None = None, draft_window: int | None = None,
-         medusa: str | Path | None = None) -> Speculator:
+def load(
+    model: str | Path | None = None,
+    draft: str | Path | None = "auto",
+    num_draft: int | str = "auto",
+    quantize_target: int | None = None,
+    kv_bits: int | None = None,
+    draft_window: int | None = None,
+    medusa: str | Path | None = None,
+) -> Speculator:
     """Load a target and a draft once. draft="auto" uses the embedded draft with the embedded target; None disables."""
     target = load_model(model or DEFAULT_TARGET, quantize_bits=quantize_target)
     if draft == "auto":
@@ -255,11 +310,14 @@ def load(model: str | Path | None = None, draft: str | Path | None = "auto", num
         from .medusa import load_medusa
 
         heads = load_medusa(medusa, target.path)
-    return Speculator(target, draft_model, num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window,
-                      medusa=heads)
+    return Speculator(
+        target, draft_model, num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window, medusa=heads
+    )
 
 
-def generate(prompt: str, model: str | Path | None = None, draft: str | Path | None = "auto", **kwargs) -> GenerationResult:
+def generate(
+    prompt: str, model: str | Path | None = None, draft: str | Path | None = "auto", **kwargs
+) -> GenerationResult:
     """One-shot convenience: load, then generate."""
     load_keys = {"num_draft", "quantize_target", "kv_bits"}
     speculator = load(model, draft, **{k: kwargs.pop(k) for k in list(kwargs) if k in load_keys})

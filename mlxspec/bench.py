@@ -80,8 +80,9 @@ def mlx_lm_speculative(model, draft_model, num_draft: int) -> RunFn:
         start = time.perf_counter()
         count = accepted = target_calls = drafted = 0
         step_starts = True
-        for _, _, from_draft in speculative_generate_step(mx.array(prompt), model, draft_model, sampler=sampler,
-                                                          num_draft_tokens=num_draft, max_tokens=max_tokens):
+        for _, _, from_draft in speculative_generate_step(
+            mx.array(prompt), model, draft_model, sampler=sampler, num_draft_tokens=num_draft, max_tokens=max_tokens
+        ):
             if step_starts:  # each step drafts min(num_draft, tokens left), then calls the target once
                 drafted += min(num_draft, max_tokens - count)
                 target_calls += 1
@@ -96,18 +97,32 @@ def mlx_lm_speculative(model, draft_model, num_draft: int) -> RunFn:
 
 def mlxspec_mode(speculator: Speculator, **options) -> RunFn:
     def run(prompt, max_tokens, temperature, top_p, seed):
-        result = speculator.generate(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                     stop_at_eos=False, **options)
+        result = speculator.generate(
+            prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_at_eos=False, **options
+        )
         s = result.stats
-        return Run(s.generated_tokens, s.prompt_seconds + s.generation_seconds, s.target_calls, s.drafted,
-                   s.accepted, s.peak_memory_bytes)
+        return Run(
+            s.generated_tokens,
+            s.prompt_seconds + s.generation_seconds,
+            s.target_calls,
+            s.drafted,
+            s.accepted,
+            s.peak_memory_bytes,
+        )
 
     return run
 
 
-def run_modes(modes: dict[str, RunFn], prompts: list[list[int]], max_tokens: int, temperature: float,
-              top_p: float = 1.0, repeats: int = 3, seed: int = 0,
-              progress: Callable[[str], None] = lambda s: None) -> list[ModeResult]:
+def run_modes(
+    modes: dict[str, RunFn],
+    prompts: list[list[int]],
+    max_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    repeats: int = 3,
+    seed: int = 0,
+    progress: Callable[[str], None] = lambda s: None,
+) -> list[ModeResult]:
     """Warm each mode up once, then time `repeats` passes over all prompts; the first mode is the baseline."""
     results = []
     for name, fn in modes.items():
@@ -120,17 +135,19 @@ def run_modes(modes: dict[str, RunFn], prompts: list[list[int]], max_tokens: int
         every = [x for runs in passes for x in runs]
         tokens, calls = sum(x.tokens for x in every), sum(x.target_calls for x in every)
         drafted, accepted = sum(x.drafted for x in every), sum(x.accepted for x in every)
-        results.append(ModeResult(
-            mode=name,
-            tokens_per_second=statistics.median(rates),
-            tokens_per_second_min=min(rates),
-            tokens_per_second_max=max(rates),
-            acceptance_rate=accepted / drafted if drafted else 0.0,
-            tokens_per_target_call=tokens / calls if calls else 0.0,
-            target_calls_per_token=calls / tokens if tokens else 0.0,
-            peak_memory_bytes=max(x.peak_memory_bytes for x in every),
-            runs=[asdict(x) for x in every],
-        ))
+        results.append(
+            ModeResult(
+                mode=name,
+                tokens_per_second=statistics.median(rates),
+                tokens_per_second_min=min(rates),
+                tokens_per_second_max=max(rates),
+                acceptance_rate=accepted / drafted if drafted else 0.0,
+                tokens_per_target_call=tokens / calls if calls else 0.0,
+                target_calls_per_token=calls / tokens if tokens else 0.0,
+                peak_memory_bytes=max(x.peak_memory_bytes for x in every),
+                runs=[asdict(x) for x in every],
+            )
+        )
     base = results[0].tokens_per_second
     for result in results:
         result.speedup = result.tokens_per_second / base if base else 0.0
@@ -138,18 +155,29 @@ def run_modes(modes: dict[str, RunFn], prompts: list[list[int]], max_tokens: int
 
 
 def format_table(results: list[ModeResult]) -> str:
-    header = f"{'mode':28s} {'tok/s':>8s} {'(min-max)':>15s} {'speedup':>8s} {'alpha':>6s} {'tau':>5s} " \
-             f"{'calls/tok':>9s} {'peak MiB':>8s}"
+    header = (
+        f"{'mode':28s} {'tok/s':>8s} {'(min-max)':>15s} {'speedup':>8s} {'alpha':>6s} {'tau':>5s} "
+        f"{'calls/tok':>9s} {'peak MiB':>8s}"
+    )
     lines = [header, "-" * len(header)]
     for r in results:
-        lines.append(f"{r.mode:28s} {r.tokens_per_second:8.1f} {f'({r.tokens_per_second_min:.1f}-{r.tokens_per_second_max:.1f})':>15s} "
-                     f"{r.speedup:7.2f}x {r.acceptance_rate:6.2f} {r.tokens_per_target_call:5.2f} "
-                     f"{r.target_calls_per_token:9.2f} {r.peak_memory_bytes / 2**20:8.1f}")
+        spread = f"({r.tokens_per_second_min:.1f}-{r.tokens_per_second_max:.1f})"
+        lines.append(
+            f"{r.mode:28s} {r.tokens_per_second:8.1f} {spread:>15s} "
+            f"{r.speedup:7.2f}x {r.acceptance_rate:6.2f} {r.tokens_per_target_call:5.2f} "
+            f"{r.target_calls_per_token:9.2f} {r.peak_memory_bytes / 2**20:8.1f}"
+        )
     return "\n".join(lines)
 
 
-def build_modes(speculator: Speculator, ks: tuple[int, ...], families: set[str], medusa_heads=None,
-                tree_topk: int = 2, tree_depth: int = 4) -> dict[str, RunFn]:
+def build_modes(
+    speculator: Speculator,
+    ks: tuple[int, ...],
+    families: set[str],
+    medusa_heads=None,
+    tree_topk: int = 2,
+    tree_depth: int = 4,
+) -> dict[str, RunFn]:
     """Every mode worth comparing, first the baseline (mlx-lm's plain decoding with the same target)."""
     target = speculator.target.model
     draft = speculator.draft.model if speculator.draft is not None else None
@@ -166,7 +194,8 @@ def build_modes(speculator: Speculator, ks: tuple[int, ...], families: set[str],
         modes["mlxspec draft adaptive"] = mlxspec_mode(speculator, num_draft="auto")
     if draft is not None and "tree" in families:
         modes[f"mlxspec draft tree {tree_depth}x{tree_topk}"] = mlxspec_mode(
-            speculator, num_draft=tree_depth, tree_topk=tree_topk)
+            speculator, num_draft=tree_depth, tree_topk=tree_topk
+        )
     if "lookup" in families:
         modes["mlxspec lookup k=4"] = mlxspec_mode(speculator, use_draft=False, lookup=True, num_draft=4)
         if draft is not None:
@@ -185,11 +214,19 @@ def verify_curve_report(speculator: Speculator, max_tokens: int = 32) -> str:
 
     sizes = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_tokens)
     draft = speculator.draft
-    curve = cached_curve(speculator.target.model, draft.model if draft else None, speculator.target.path,
-                         draft.path if draft else None, refresh=True, sizes=sizes)
+    curve = cached_curve(
+        speculator.target.model,
+        draft.model if draft else None,
+        speculator.target.path,
+        draft.path if draft else None,
+        refresh=True,
+        sizes=sizes,
+    )
     base = curve.target[1]
-    lines = [f"verification cost at context {curve.context} ({curve.blas} BLAS), median of 7:",
-             f"{'tokens':>8s} {'ms':>9s} {'x one token':>12s}"]
+    lines = [
+        f"verification cost at context {curve.context} ({curve.blas} BLAS), median of 7:",
+        f"{'tokens':>8s} {'ms':>9s} {'x one token':>12s}",
+    ]
     lines += [f"{n:8d} {t * 1e3:9.2f} {t / base:12.2f}" for n, t in sorted(curve.target.items())]
     if draft is not None:
         lines.append(f"draft, one token: {curve.draft_one * 1e3:.2f} ms ({curve.draft_one / base:.2f} x target)")
@@ -200,8 +237,9 @@ def verify_curve_report(speculator: Speculator, max_tokens: int = 32) -> str:
     return "\n".join(lines)
 
 
-def profile_split(speculator: Speculator, prompts: list[list[int]], max_tokens: int, num_draft: int,
-                  temperature: float) -> dict[str, float]:
+def profile_split(
+    speculator: Speculator, prompts: list[list[int]], max_tokens: int, num_draft: int, temperature: float
+) -> dict[str, float]:
     """Seconds per step spent drafting, verifying, accepting and on bookkeeping (profiling adds syncs)."""
     from .drafters import DraftModelDrafter
     from .engine import SpeculativeEngine
@@ -234,8 +272,11 @@ def plot(results_by_temp: dict[str, list[ModeResult]], path: str) -> None:
     fig, axes = plt.subplots(len(results_by_temp), 2, figsize=(13, 4.5 * len(results_by_temp)), squeeze=False)
     for row, (temp, results) in enumerate(results_by_temp.items()):
         for prefix in ("mlxspec draft k=", "mlx-lm speculative k="):
-            points = sorted((int(m.group(1)), r.speedup) for r in results
-                            if (m := re.fullmatch(re.escape(prefix) + r"(\d+)", r.mode)))
+            points = sorted(
+                (int(m.group(1)), r.speedup)
+                for r in results
+                if (m := re.fullmatch(re.escape(prefix) + r"(\d+)", r.mode))
+            )
             if points:
                 axes[row][0].plot(*zip(*points), marker="o", label=prefix.rstrip(" k="))
         axes[row][0].axhline(1.0, color="grey", lw=0.8)

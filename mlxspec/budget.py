@@ -19,8 +19,17 @@ AUTO_FIXES = {
 }
 
 
-def fit_to_budget(model: str, draft: str | None, budget: str, prompt_chars: int, max_tokens: int, num_draft: int,
-                  settings: dict, auto: bool, report: Callable[[str], None]) -> dict:
+def fit_to_budget(
+    model: str,
+    draft: str | None,
+    budget: str,
+    prompt_chars: int,
+    max_tokens: int,
+    num_draft: int,
+    settings: dict,
+    auto: bool,
+    report: Callable[[str], None],
+) -> dict:
     """The generate settings to use under `budget`; sets MLX's memory limit to match.
 
     Plans before any tokenizer loads, so the prompt's length in characters bounds its length in tokens.
@@ -33,21 +42,33 @@ def fit_to_budget(model: str, draft: str | None, budget: str, prompt_chars: int,
     context = prompt_chars + max_tokens
     if target.config.get("max_position_embeddings"):
         context = min(context, target.config["max_position_embeddings"])
-    request = PlanRequest(target=target, device=device, draft=load_metadata(draft) if draft else None,
-                          context=context,
-                          target_bits=settings.get("quantize_target"), kv_bits=settings.get("kv_bits"),
-                          num_draft=num_draft, draft_window=settings.get("draft_window"))
+    request = PlanRequest(
+        target=target,
+        device=device,
+        draft=load_metadata(draft) if draft else None,
+        context=context,
+        target_bits=settings.get("quantize_target"),
+        kv_bits=settings.get("kv_bits"),
+        num_draft=num_draft,
+        draft_window=settings.get("draft_window"),
+    )
     plan = make_plan(request)
     if not plan.fits:
         fix = next((r for r in plan.recommendations if r["fits"] and r["how"] in AUTO_FIXES), None)
         if not auto or fix is None:
             advice = "; rerun with --auto to apply the first fix" if fix else ""
-            raise UserError(f"these settings need {plan.total_bytes / 2**30:.2f} GiB but the budget is "
-                            f"{size / 2**30:.2f} GiB{advice}:\n{format_plan(plan)}")
+            raise UserError(
+                f"these settings need {plan.total_bytes / 2**30:.2f} GiB but the budget is "
+                f"{size / 2**30:.2f} GiB{advice}:\n{format_plan(plan)}"
+            )
         settings = {**settings, **AUTO_FIXES[fix["how"]]}
         report(f"mlxspec: --auto: {fix['change']} ({fix['how']}), to fit {budget}")
-        request = replace(request, kv_bits=settings.get("kv_bits"), draft_window=settings.get("draft_window"),
-                          target_bits=settings.get("quantize_target"))
+        request = replace(
+            request,
+            kv_bits=settings.get("kv_bits"),
+            draft_window=settings.get("draft_window"),
+            target_bits=settings.get("quantize_target"),
+        )
         assert total_bytes(request) <= size
     mx.set_memory_limit(size)
     return settings

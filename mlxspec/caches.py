@@ -93,8 +93,9 @@ def model_family(model: nn.Module) -> str:
     return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
 
 
-def make_speculative_cache(model: nn.Module, max_rollback: int, kv_bits: int | None = None,
-                           kv_group_size: int = 64, window: int | None = None) -> list[Any]:
+def make_speculative_cache(
+    model: nn.Module, max_rollback: int, kv_bits: int | None = None, kv_group_size: int = 64, window: int | None = None
+) -> list[Any]:
     """The model's own cache layout, with every layer made safe to roll back by `max_rollback` tokens.
 
     `window` turns every full-attention layer into a sliding window of that many tokens (for draft models only:
@@ -110,11 +111,14 @@ def make_speculative_cache(model: nn.Module, max_rollback: int, kv_bits: int | N
             out.append(WindowKVCache(window, slack=max_rollback))
         elif isinstance(layer_cache, RotatingKVCache):
             if layer_cache.keep:
-                raise UserError(f"{model_family(model)}: sliding-window caches that keep {layer_cache.keep} "
-                                "sink tokens are not supported yet; use a model without attention sinks")
+                raise UserError(
+                    f"{model_family(model)}: sliding-window caches that keep {layer_cache.keep} "
+                    "sink tokens are not supported yet; use a model without attention sinks"
+                )
             if kv_bits:
-                raise UserError(f"{model_family(model)} uses sliding-window attention, which mlx-lm cannot quantize; "
-                                "drop --kv-bits")
+                raise UserError(
+                    f"{model_family(model)} uses sliding-window attention, which mlx-lm cannot quantize; drop --kv-bits"
+                )
             out.append(WindowKVCache(layer_cache.max_size, slack=max_rollback))
         elif type(layer_cache) is KVCache:
             out.append(QuantizedKVCache(kv_group_size, kv_bits) if kv_bits else layer_cache)

@@ -66,20 +66,32 @@ def main() -> None:
 
 def format_stats(stats) -> str:
     tree = f"tree_nodes={stats.tree_nodes} " if stats.tree_nodes else ""
-    return (f"alpha={stats.acceptance_rate:.2f} tau={stats.tokens_per_target_call:.2f} "
-            f"gen={stats.tokens_per_second:.1f} tok/s prompt={stats.prompt_tokens_per_second:.1f} tok/s "
-            f"tokens={stats.generated_tokens} target_calls={stats.target_calls} {tree}"
-            f"peak={stats.peak_memory_bytes / 2**20:.1f} MiB")
+    return (
+        f"alpha={stats.acceptance_rate:.2f} tau={stats.tokens_per_target_call:.2f} "
+        f"gen={stats.tokens_per_second:.1f} tok/s prompt={stats.prompt_tokens_per_second:.1f} tok/s "
+        f"tokens={stats.generated_tokens} target_calls={stats.target_calls} {tree}"
+        f"peak={stats.peak_memory_bytes / 2**20:.1f} MiB"
+    )
 
 
 @cli.command()
 @click.argument("prompt")
-@click.option("--model", default=None, help="Target: an mlx-lm model directory or HF repo id [default: embedded target].")
-@click.option("--draft", default=None, help="Draft model directory or repo id [default: embedded draft with the "
-                                            "embedded target, none otherwise].")
+@click.option(
+    "--model", default=None, help="Target: an mlx-lm model directory or HF repo id [default: embedded target]."
+)
+@click.option(
+    "--draft",
+    default=None,
+    help="Draft model directory or repo id [default: embedded draft with the embedded target, none otherwise].",
+)
 @click.option("--no-draft", is_flag=True, help="Plain decoding through the same code, for comparison.")
-@click.option("-k", "--num-draft", type=int, default=None,
-              help="Tokens drafted per step (1-64) [default: adapted each step to acceptance and measured cost].")
+@click.option(
+    "-k",
+    "--num-draft",
+    type=int,
+    default=None,
+    help="Tokens drafted per step (1-64) [default: adapted each step to acceptance and measured cost].",
+)
 @click.option("--max-tokens", type=int, default=256, show_default=True)
 @click.option("--temp", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
@@ -90,19 +102,49 @@ def format_stats(stats) -> str:
 @click.option("--quantize-target", type=click.Choice(["4", "8"]), default=None, help="Quantize the target on load.")
 @click.option("--kv-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize both KV caches.")
 @click.option("--draft-window", type=int, default=None, help="Cap the draft's KV cache at this many tokens.")
-@click.option("--tree-topk", type=int, default=1, show_default=True,
-              help="Draft a tree: the draft's top-k alternatives at every depth.")
+@click.option(
+    "--tree-topk",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Draft a tree: the draft's top-k alternatives at every depth.",
+)
 @click.option("--tree-nodes", type=int, default=None, help="Node budget of the tree (sets its depth).")
 @click.option("--lookup", is_flag=True, help="Draft by prompt lookup; the draft model covers what does not repeat.")
 @click.option("--medusa", "medusa_path", default=None, help="Draft with Medusa heads (a train-medusa directory).")
 @click.option("--memory-budget", default=None, help="Plan first (e.g. 8GB) and refuse settings that cannot fit.")
 @click.option("--auto", is_flag=True, help="With --memory-budget: apply the planner's top fix instead of refusing.")
 @click.option("--chat", is_flag=True, help="Apply the tokenizer's chat template.")
+@click.option("--heal", is_flag=True, help="Token healing: let the first token re-complete the prompt's last one.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 @click.option("-v", "--verbose", is_flag=True, help="Print a stats line to stderr.")
-def generate(prompt, model, draft, no_draft, num_draft, max_tokens, temp, top_p, top_k, min_p, seed, stop,
-             quantize_target, kv_bits, draft_window, tree_topk, tree_nodes, lookup, medusa_path, memory_budget, auto,
-             chat, as_json, verbose) -> None:
+def generate(
+    prompt,
+    model,
+    draft,
+    no_draft,
+    num_draft,
+    max_tokens,
+    temp,
+    top_p,
+    top_k,
+    min_p,
+    seed,
+    stop,
+    quantize_target,
+    kv_bits,
+    draft_window,
+    tree_topk,
+    tree_nodes,
+    lookup,
+    medusa_path,
+    memory_budget,
+    auto,
+    chat,
+    heal,
+    as_json,
+    verbose,
+) -> None:
     """Continue PROMPT ('-' reads stdin), streaming text as the target accepts it."""
     from .api import load  # deferred: `mlxspec --help` stays instant
     from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -114,22 +156,55 @@ def generate(prompt, model, draft, no_draft, num_draft, max_tokens, temp, top_p,
     if medusa_path and draft:
         raise UserError("--medusa and --draft are two drafters; pass one of them")
     draft = None if (no_draft or medusa_path) else (draft or (str(DEFAULT_DRAFT) if model is None else None))
-    settings = {"quantize_target": int(quantize_target) if quantize_target else None,
-                "kv_bits": int(kv_bits) if kv_bits else None, "draft_window": draft_window}
+    settings = {
+        "quantize_target": int(quantize_target) if quantize_target else None,
+        "kv_bits": int(kv_bits) if kv_bits else None,
+        "draft_window": draft_window,
+    }
     if memory_budget:
         from .budget import fit_to_budget
 
-        settings = fit_to_budget(str(model or DEFAULT_TARGET), draft, memory_budget, len(prompt), max_tokens,
-                                 num_draft or 8,                                 settings, auto, report=lambda line: click.echo(line, err=True))
+        settings = fit_to_budget(
+            str(model or DEFAULT_TARGET),
+            draft,
+            memory_budget,
+            len(prompt),
+            max_tokens,
+            num_draft or 8,
+            settings,
+            auto,
+            report=lambda line: click.echo(line, err=True),
+        )
     num_draft = "auto" if num_draft is None else num_draft
     speculator = load(model, draft, num_draft=num_draft, medusa=None if no_draft else medusa_path, **settings)
-    kwargs = dict(max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p,
-                  num_draft=num_draft, seed=seed, stop=list(stop), chat=chat, tree_topk=tree_topk,
-                  tree_nodes=tree_nodes, lookup=lookup)
+    kwargs = dict(
+        max_tokens=max_tokens,
+        temperature=temp,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        num_draft=num_draft,
+        seed=seed,
+        stop=list(stop),
+        chat=chat,
+        tree_topk=tree_topk,
+        tree_nodes=tree_nodes,
+        lookup=lookup,
+        heal=heal,
+    )
     if as_json:
         result = speculator.generate(prompt, **kwargs)
-        click.echo(json.dumps({"tokens": result.tokens, "text": result.text, "finish_reason": result.finish_reason,
-                               "seed": seed, "stats": result.stats.to_dict()}))
+        click.echo(
+            json.dumps(
+                {
+                    "tokens": result.tokens,
+                    "text": result.text,
+                    "finish_reason": result.finish_reason,
+                    "seed": seed,
+                    "stats": result.stats.to_dict(),
+                }
+            )
+        )
         return
     for chunk in speculator.stream(prompt, **kwargs):
         click.echo(chunk.text, nl=False)
@@ -159,7 +234,7 @@ def _read_prompts(path, tokenizer) -> list[list[int]]:
             item = json.loads(line)
             prompts.append(list(item["tokens"]) if "tokens" in item else tokenizer.encode(item["prompt"]))
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise UserError(f"{path}:{number} is not a JSON object with \"prompt\" or \"tokens\"") from None
+            raise UserError(f'{path}:{number} is not a JSON object with "prompt" or "tokens"') from None
     if not prompts:
         raise UserError(f"prompts file '{path}' holds no prompts")
     return prompts
@@ -172,8 +247,9 @@ def _read_prompts(path, tokenizer) -> list[list[int]]:
 @click.option("-k", "--num-draft", "num_drafts", type=int, multiple=True, help="Draft length(s) to compare [2 4 6].")
 @click.option("--temp", "temps", type=float, multiple=True, help="Temperature(s) [0 and 0.7].")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--modes", default="mlx-lm,plain,draft,adaptive,tree,lookup,medusa", show_default=True,
-              help="Mode families to run.")
+@click.option(
+    "--modes", default="mlx-lm,plain,draft,adaptive,tree,lookup,medusa", show_default=True, help="Mode families to run."
+)
 @click.option("--prompts", "prompts_file", default=None, help="JSONL prompts [default: held-out stdlib files].")
 @click.option("--num-prompts", type=int, default=8, show_default=True)
 @click.option("--prompt-tokens", type=int, default=128, show_default=True)
@@ -183,8 +259,24 @@ def _read_prompts(path, tokenizer) -> list[list[int]]:
 @click.option("--profile", is_flag=True, help="Also report the per-step time split of the draft-model mode.")
 @click.option("--json", "json_out", default=None, help="Also write the results to this JSON file.")
 @click.option("--plot", "plot_path", default=None, help="Also draw speedup vs k and tok/s per mode to a PNG.")
-def bench(model, draft, medusa_path, num_drafts, temps, top_p, modes, prompts_file, num_prompts, prompt_tokens,
-          max_tokens, repeats, verify_curve, profile, json_out, plot_path) -> None:
+def bench(
+    model,
+    draft,
+    medusa_path,
+    num_drafts,
+    temps,
+    top_p,
+    modes,
+    prompts_file,
+    num_prompts,
+    prompt_tokens,
+    max_tokens,
+    repeats,
+    verify_curve,
+    profile,
+    json_out,
+    plot_path,
+) -> None:
     """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts."""
     from . import bench as bench_module
     from .api import load
@@ -213,29 +305,40 @@ def bench(model, draft, medusa_path, num_drafts, temps, top_p, modes, prompts_fi
         return
     if speculator.draft is None and heads is None:
         raise UserError("bench compares drafters; pass --draft or --medusa")
-    prompts = (_read_prompts(prompts_file, speculator.tokenizer) if prompts_file
-               else bench_module.heldout_prompts(speculator.tokenizer, num_prompts, prompt_tokens))
+    prompts = (
+        _read_prompts(prompts_file, speculator.tokenizer)
+        if prompts_file
+        else bench_module.heldout_prompts(speculator.tokenizer, num_prompts, prompt_tokens)
+    )
     mode_fns = bench_module.build_modes(speculator, tuple(num_drafts), set(modes.split(",")), heads)
     everything, by_temp = {}, {}
-    click.echo(f"# {len(prompts)} prompts x {max_tokens} tokens, median of {repeats} passes; {blas_in_use()} BLAS, "
-               f"device {__import__('mlx.core').core.default_device()}")
+    click.echo(
+        f"# {len(prompts)} prompts x {max_tokens} tokens, median of {repeats} passes; {blas_in_use()} BLAS, "
+        f"device {__import__('mlx.core').core.default_device()}"
+    )
     for temp in temps:
         click.echo(f"\n## temperature {temp}" + (f", top-p {top_p}" if top_p < 1 else ""))
-        results = bench_module.run_modes(mode_fns, prompts, max_tokens, temp, top_p, repeats,
-                                         progress=lambda s: click.echo(f"  {s}", err=True))
+        results = bench_module.run_modes(
+            mode_fns, prompts, max_tokens, temp, top_p, repeats, progress=lambda s: click.echo(f"  {s}", err=True)
+        )
         click.echo(bench_module.format_table(results))
         by_temp[str(temp)] = results
         everything[str(temp)] = [bench_module.asdict(r) for r in results]
         if profile and speculator.draft is not None:
             split = bench_module.profile_split(speculator, prompts[:2], max_tokens, max(num_drafts), temp)
             total = sum(split.values())
-            click.echo(f"per-step split, draft k={max(num_drafts)} (profiling adds syncs): " + ", ".join(
-                f"{phase} {1e3 * sec:.2f} ms ({100 * sec / total:.0f}%)" for phase, sec in split.items()))
+            click.echo(
+                f"per-step split, draft k={max(num_drafts)} (profiling adds syncs): "
+                + ", ".join(f"{phase} {1e3 * sec:.2f} ms ({100 * sec / total:.0f}%)" for phase, sec in split.items())
+            )
             everything[f"profile {temp}"] = split
     if json_out:
         with open(json_out, "w") as f:
-            json.dump({"prompts": len(prompts), "max_tokens": max_tokens, "blas": blas_in_use(),
-                       "results": everything}, f, indent=1)
+            json.dump(
+                {"prompts": len(prompts), "max_tokens": max_tokens, "blas": blas_in_use(), "results": everything},
+                f,
+                indent=1,
+            )
     if plot_path:
         bench_module.plot(by_temp, plot_path)
 
@@ -257,8 +360,24 @@ def bench(model, draft, medusa_path, num_drafts, temps, top_p, modes, prompts_fi
 @click.option("--draft-window", type=int, default=None, help="Cap the draft's KV cache at this many tokens.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--list", "list_presets", is_flag=True, help="List model and device presets.")
-def plan(model, draft, medusa_heads, device, memory, context, batch, target_bits, draft_bits, group_size, kv_bits,
-         num_draft, tree_nodes, draft_window, as_json, list_presets) -> None:
+def plan(
+    model,
+    draft,
+    medusa_heads,
+    device,
+    memory,
+    context,
+    batch,
+    target_bits,
+    draft_bits,
+    group_size,
+    kv_bits,
+    num_draft,
+    tree_nodes,
+    draft_window,
+    as_json,
+    list_presets,
+) -> None:
     """Will the target, its drafter and both KV caches fit the device at this context? Reads metadata only."""
     from .devices import PRESETS, resolve_device
     from .metadata import load_metadata, preset_names
@@ -276,11 +395,20 @@ def plan(model, draft, medusa_heads, device, memory, context, batch, target_bits
         raise UserError(f"context {context} and batch {batch} must be at least 1")
     device_spec = resolve_device(device, memory)
     request = PlanRequest(
-        target=load_metadata(model), device=device_spec,
-        draft=load_metadata(draft) if draft else None, medusa_heads=medusa_heads, context=context, batch=batch,
-        target_bits=int(target_bits) if target_bits else None, group_size=group_size,
-        draft_bits=int(draft_bits) if draft_bits else None, kv_bits=int(kv_bits) if kv_bits else None,
-        num_draft=num_draft, tree_nodes=tree_nodes, draft_window=draft_window)
+        target=load_metadata(model),
+        device=device_spec,
+        draft=load_metadata(draft) if draft else None,
+        medusa_heads=medusa_heads,
+        context=context,
+        batch=batch,
+        target_bits=int(target_bits) if target_bits else None,
+        group_size=group_size,
+        draft_bits=int(draft_bits) if draft_bits else None,
+        kv_bits=int(kv_bits) if kv_bits else None,
+        num_draft=num_draft,
+        tree_nodes=tree_nodes,
+        draft_window=draft_window,
+    )
     result = make_plan(request)
     click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
 
@@ -293,8 +421,13 @@ def plan(model, draft, medusa_heads, device, memory, context, batch, target_bits
 @click.option("--batch-size", type=int, default=8, show_default=True)
 @click.option("--seq-len", type=int, default=256, show_default=True)
 @click.option("--lr", type=float, default=1e-3, show_default=True)
-@click.option("--data", type=click.Choice(["corpus", "self-distill"]), default="corpus", show_default=True,
-              help="Stdlib text, or the target's own greedy continuations of it.")
+@click.option(
+    "--data",
+    type=click.Choice(["corpus", "self-distill"]),
+    default="corpus",
+    show_default=True,
+    help="Stdlib text, or the target's own greedy continuations of it.",
+)
 @click.option("--full-lm-heads", is_flag=True, help="Give each head its own LM head (more memory).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def train_medusa_command(model, out_dir, heads, steps, batch_size, seq_len, lr, data, full_lm_heads, seed) -> None:
@@ -307,8 +440,16 @@ def train_medusa_command(model, out_dir, heads, steps, batch_size, seq_len, lr, 
     if heads < 1 or steps < 1:
         raise UserError(f"--heads {heads} and --steps {steps} must be at least 1")
     target = load_model(model or DEFAULT_TARGET)
-    config = MedusaTrainConfig(num_heads=heads, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
-                               seed=seed, data=data, shared_lm_head=not full_lm_heads)
+    config = MedusaTrainConfig(
+        num_heads=heads,
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        seed=seed,
+        data=data,
+        shared_lm_head=not full_lm_heads,
+    )
     train_medusa(target, Path(out_dir), config, log=lambda line: click.echo(line, err=True))
     click.echo(f"saved Medusa heads to {out_dir}")
 

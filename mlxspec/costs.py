@@ -42,8 +42,10 @@ def fast_blas_hint() -> str | None:
         return None
     if OPENBLAS.exists():
         return f"mlxspec: MLX is using reference BLAS; run with LD_PRELOAD={OPENBLAS} for ~10x faster verification"
-    return ("mlxspec: MLX is using reference BLAS; `apt-get install libopenblas0-pthread` and "
-            f"LD_PRELOAD={OPENBLAS} make verification ~10x faster")
+    return (
+        "mlxspec: MLX is using reference BLAS; `apt-get install libopenblas0-pthread` and "
+        f"LD_PRELOAD={OPENBLAS} make verification ~10x faster"
+    )
 
 
 @dataclass
@@ -100,10 +102,15 @@ def _time_forward(model: nn.Module, n: int, context: int, repeats: int) -> float
     return statistics.median(times[1:])  # the first run warms kernels up
 
 
-def measure_curve(target: nn.Module, draft: nn.Module | None, sizes=(1, 2, 4, 8, 16, 32), context: int = 256,
-                  repeats: int = 7) -> CostCurve:
-    return CostCurve({n: _time_forward(target, n, context, repeats) for n in sizes},
-                     _time_forward(draft, 1, context, repeats) if draft is not None else 0.0, context, blas_in_use())
+def measure_curve(
+    target: nn.Module, draft: nn.Module | None, sizes=(1, 2, 4, 8, 16, 32), context: int = 256, repeats: int = 7
+) -> CostCurve:
+    return CostCurve(
+        {n: _time_forward(target, n, context, repeats) for n in sizes},
+        _time_forward(draft, 1, context, repeats) if draft is not None else 0.0,
+        context,
+        blas_in_use(),
+    )
 
 
 def _key(*model_paths: Path | None) -> str:
@@ -115,8 +122,14 @@ def _key(*model_paths: Path | None) -> str:
     return "|".join(parts)
 
 
-def cached_curve(target: nn.Module, draft: nn.Module | None, target_path: Path, draft_path: Path | None,
-                 refresh: bool = False, **kwargs) -> CostCurve:
+def cached_curve(
+    target: nn.Module,
+    draft: nn.Module | None,
+    target_path: Path,
+    draft_path: Path | None,
+    refresh: bool = False,
+    **kwargs,
+) -> CostCurve:
     """The cost curve for this device, BLAS and model pair, measured once and then read from the cache."""
     key = _key(target_path, draft_path)
     try:
@@ -125,8 +138,9 @@ def cached_curve(target: nn.Module, draft: nn.Module | None, target_path: Path, 
         stored = {}
     if key in stored and not refresh:
         entry = stored[key]
-        return CostCurve({int(n): t for n, t in entry["target"].items()}, entry["draft_one"], entry["context"],
-                         entry["blas"])
+        return CostCurve(
+            {int(n): t for n, t in entry["target"].items()}, entry["draft_one"], entry["context"], entry["blas"]
+        )
     curve = measure_curve(target, draft, **kwargs)
     stored[key] = asdict(curve)
     try:

@@ -11,7 +11,9 @@ from .errors import UserError
 GiB = 2**30
 GB = 10**9
 REPORTED = "reported max_recommended_working_set_size on such machines (figures quoted in mlxspec issue #5)"
-ESTIMATED = "estimated: no reported figure; 2/3 of RAM below 32 GB, 75% up to 128 GB, 80% above, as reported machines do"
+ESTIMATED = (
+    "estimated: no reported figure; 2/3 of RAM below 32 GB, 75% up to 128 GB, 80% above, as reported machines do"
+)
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,12 @@ def live_device() -> Device:
     info = mx.device_info() if hasattr(mx, "device_info") else {}
     ram = info.get("memory_size") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if info.get("max_recommended_working_set_size"):
-        return Device("this machine", ram, info["max_recommended_working_set_size"],
-                      "mx.device_info()['max_recommended_working_set_size']")
+        return Device(
+            "this machine",
+            ram,
+            info["max_recommended_working_set_size"],
+            "mx.device_info()['max_recommended_working_set_size']",
+        )
     backend = "cpu" if mx.default_device().type == mx.DeviceType.cpu else "gpu"
     return Device("this machine", ram, int(ram * 0.75), "3/4 of physical RAM (no GPU working-set limit here)", backend)
 

@@ -56,8 +56,15 @@ class DraftModelDrafter:
     sibling leaves (SpecInfer-style branching at the cost of a chain's draft calls).
     """
 
-    def __init__(self, model: nn.Module, sampling: SamplingConfig, max_draft: int, kv_bits: int | None = None,
-                 kv_window: int | None = None, tree_topk: int = 1):
+    def __init__(
+        self,
+        model: nn.Module,
+        sampling: SamplingConfig,
+        max_draft: int,
+        kv_bits: int | None = None,
+        kv_window: int | None = None,
+        tree_topk: int = 1,
+    ):
         self.model = model
         self.sampling = sampling
         self.tree_topk = tree_topk
@@ -68,7 +75,7 @@ class DraftModelDrafter:
         self.calls = 0
 
     def _pending(self) -> list[int]:
-        return self.history[cache_offset(self.cache):]
+        return self.history[cache_offset(self.cache) :]
 
     def prefill(self, prompt: list[int], chunk: int = 512) -> None:
         self.history = list(prompt)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import time
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -41,9 +40,19 @@ class StepResult:
 class SpeculativeEngine:
     """Target-side state of speculative decoding: the target cache, the token not yet fed, and the random key."""
 
-    def __init__(self, target: nn.Module, drafter: Drafter | None, sampling: SamplingConfig, num_draft: int = 4,
-                 seed: int = 0, kv_bits: int | None = None, context_length: int | None = None,
-                 prefill_chunk: int = 512, max_nodes: int | None = None, controller=None):
+    def __init__(
+        self,
+        target: nn.Module,
+        drafter: Drafter | None,
+        sampling: SamplingConfig,
+        num_draft: int = 4,
+        seed: int = 0,
+        kv_bits: int | None = None,
+        context_length: int | None = None,
+        prefill_chunk: int = 512,
+        max_nodes: int | None = None,
+        controller=None,
+    ):
         self.target = target
         self.drafter = drafter
         self.sampling = sampling
@@ -52,6 +61,7 @@ class SpeculativeEngine:
         self.prefill_chunk = prefill_chunk
         self.controller = controller  # costs.DraftLengthController: picks each step's draft length
         self.profile: dict[str, float] | None = None  # set to {} to time draft/verify/accept/bookkeeping
+        self.first_token_mask: mx.array | None = None  # token healing: [V] allowed first tokens, one plain step
         self._mark_time = 0.0
         rollback_room = max(self.num_draft, max_nodes or 0, getattr(drafter, "max_nodes", 0)) + 1
         self.cache = make_speculative_cache(target, max_rollback=rollback_room, kv_bits=kv_bits)
@@ -101,6 +111,8 @@ class SpeculativeEngine:
         self.key, draft_key, accept_key = mx.random.split(self.key, 3)
         budget = self.num_draft if self.controller is None else min(self.num_draft, self.controller.next_length())
         budget = min(budget, max_new_tokens - 1)
+        if self.first_token_mask is not None:
+            budget = 0  # the constrained first token is decoded plainly
         if self.room() is not None:
             budget = min(budget, self.room() - len(self.pending))
         draft = self.drafter.propose(budget, draft_key) if budget > 0 else None
@@ -131,15 +143,24 @@ class SpeculativeEngine:
             self._hidden = hidden[0]
         else:
             logits = self.target(inputs[None], cache=self.cache)
-        return to_probs(logits[0], self.sampling)
+        logits = logits[0]
+        if self.first_token_mask is not None:
+            vocab = min(logits.shape[-1], self.first_token_mask.shape[0])
+            allowed = mx.concatenate(
+                [self.first_token_mask[:vocab], mx.zeros(logits.shape[-1] - vocab, dtype=mx.bool_)]
+            )
+            logits = mx.where(allowed, logits, -mx.inf)
+            self.first_token_mask = None
+        return to_probs(logits, self.sampling)
 
     def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
         num_draft = draft.tokens.shape[0]
         target_probs = self._target_probs(draft)
         self._mark("verify", target_probs)
         vocab = max(target_probs.shape[-1], draft.probs.shape[-1])
-        num_accepted, next_token = accept_chain(draft.tokens, pad_vocab(draft.probs, vocab),
-                                                pad_vocab(target_probs, vocab), key, self.sampling.greedy)
+        num_accepted, next_token = accept_chain(
+            draft.tokens, pad_vocab(draft.probs, vocab), pad_vocab(target_probs, vocab), key, self.sampling.greedy
+        )
         values = to_host(mx.concatenate([num_accepted[None], next_token[None], draft.tokens]))
         num_accepted, next_token, self._drafted_host = values[0], values[1], values[2:]
         self._mark("accept")

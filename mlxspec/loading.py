@@ -1,4 +1,4 @@
-"""Loading target and draft models from local directories or Hugging Face repo ids, and checking they can share tokens."""
+"""Loading target and draft models from local directories or Hugging Face repo ids; checking they share tokens."""
 
 from __future__ import annotations
 
@@ -57,9 +57,13 @@ def resolve_model_path(name: str | Path) -> Path:
 
             return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
         except Exception as exc:  # offline, missing repo, gated repo: all end the same way for the user
-            raise UserError(f"could not fetch '{name}' from the Hugging Face hub ({type(exc).__name__}); "
-                            "pass a local model directory or check the repo id and network") from None
-    raise UserError(f"model path '{name}' does not exist; pass a local mlx-lm model directory or a Hugging Face repo id")
+            raise UserError(
+                f"could not fetch '{name}' from the Hugging Face hub ({type(exc).__name__}); "
+                "pass a local model directory or check the repo id and network"
+            ) from None
+    raise UserError(
+        f"model path '{name}' does not exist; pass a local mlx-lm model directory or a Hugging Face repo id"
+    )
 
 
 def load_model(name: str | Path, quantize_bits: int | None = None, group_size: int = 64) -> LoadedModel:
@@ -106,17 +110,23 @@ def tokenizer_mismatch(target_tokenizer: Any, draft_tokenizer: Any) -> str | Non
     draft_by_id = {i: t for t, i in draft_vocab.items()}
     for token_id in sorted(set(target_by_id) | set(draft_by_id)):
         if target_by_id.get(token_id) != draft_by_id.get(token_id):
-            return (f"token {token_id} is {target_by_id.get(token_id)!r} in the target's tokenizer "
-                    f"but {draft_by_id.get(token_id)!r} in the draft's")
+            return (
+                f"token {token_id} is {target_by_id.get(token_id)!r} in the target's tokenizer "
+                f"but {draft_by_id.get(token_id)!r} in the draft's"
+            )
     target_special, draft_special = _special_tokens(target_tokenizer), _special_tokens(draft_tokenizer)
     for key, value in target_special.items():
         if draft_special[key] != value:
-            return f"special token {key} is {value!r} in the target's tokenizer but {draft_special[key]!r} in the draft's"
+            return (
+                f"special token {key} is {value!r} in the target's tokenizer but {draft_special[key]!r} in the draft's"
+            )
     return None
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     mismatch = tokenizer_mismatch(target.tokenizer, draft.tokenizer)
     if mismatch:
-        raise UserError(f"draft '{draft.path}' cannot draft for target '{target.path}': {mismatch}; "
-                        "use a draft model that shares the target's tokenizer")
+        raise UserError(
+            f"draft '{draft.path}' cannot draft for target '{target.path}': {mismatch}; "
+            "use a draft model that shares the target's tokenizer"
+        )

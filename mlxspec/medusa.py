@@ -80,8 +80,9 @@ class MedusaHeads(nn.Module):
         self.config = config
         self.blocks = [ResBlock(config.hidden_size) for _ in range(config.num_heads)]
         if not config.shared_lm_head:
-            self.lm_heads = [nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-                             for _ in range(config.num_heads)]
+            self.lm_heads = [
+                nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_heads)
+            ]
 
     def __call__(self, hidden: mx.array, base_head) -> mx.array:
         """hidden [..., D] -> logits [H, ..., V] for tokens t+2 .. t+H+1."""
@@ -107,8 +108,10 @@ def load_medusa(path: str | Path, base_model_dir: Path) -> MedusaHeads:
     config = MedusaConfig(**json.loads((path / CONFIG_FILE).read_text()))
     identity = base_model_identity(base_model_dir)
     if config.base_model_identity != identity:
-        raise UserError(f"Medusa heads in '{path}' were trained on base model '{config.base_model}', not on "
-                        f"'{base_model_dir}'; train heads for this model with `mlxspec train-medusa`")
+        raise UserError(
+            f"Medusa heads in '{path}' were trained on base model '{config.base_model}', not on "
+            f"'{base_model_dir}'; train heads for this model with `mlxspec train-medusa`"
+        )
     heads = MedusaHeads(config)
     heads.load_weights(str(path / WEIGHTS_FILE))
     heads.set_dtype(mx.float32)
@@ -127,8 +130,9 @@ def sparse_tree(topk_accuracy: list[list[float]], max_nodes: int, max_topk: int)
         chosen.append((path, prob))
         depth = len(path)
         if depth < len(topk_accuracy):
-            frontier += [(path + (r,), prob * topk_accuracy[depth][r])
-                         for r in range(min(max_topk, len(topk_accuracy[depth])))]
+            frontier += [
+                (path + (r,), prob * topk_accuracy[depth][r]) for r in range(min(max_topk, len(topk_accuracy[depth])))
+            ]
     return [p for p, _ in sorted(chosen, key=lambda item: (len(item[0]), -item[1]))]
 
 
@@ -171,8 +175,11 @@ class MedusaDrafter:
         top = mx.argsort(-logits, axis=-1)[:, : self.max_rank].astype(mx.int32)
         depth = min(num_tokens, max(len(p) for p in self.paths))
         keep = [i for i, p in enumerate(self.paths) if len(p) <= depth]
-        tokens = top[self.head_index, self.rank_index][mx.array(keep)] if len(keep) < len(self.paths) else \
-            top[self.head_index, self.rank_index]
+        tokens = (
+            top[self.head_index, self.rank_index][mx.array(keep)]
+            if len(keep) < len(self.paths)
+            else top[self.head_index, self.rank_index]
+        )
         parents = self.shape_parents[: len(keep) + 1]
         self.calls += 1
         return Draft(tokens, None, TreeShape(parents))

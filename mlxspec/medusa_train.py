@@ -45,8 +45,9 @@ def token_stream(files: list[Path], tokenizer) -> np.ndarray:
     return np.asarray(ids, dtype=np.int32)
 
 
-def self_distilled_stream(target: LoadedModel, stream: np.ndarray, cfg: MedusaTrainConfig,
-                          log: Callable[[str], None]) -> np.ndarray:
+def self_distilled_stream(
+    target: LoadedModel, stream: np.ndarray, cfg: MedusaTrainConfig, log: Callable[[str], None]
+) -> np.ndarray:
     """The target's own greedy continuations of corpus prompts: what its heads will be asked to predict."""
     from .engine import SpeculativeEngine
     from .sampling import SamplingConfig
@@ -94,8 +95,9 @@ def topk_accuracy(heads: MedusaHeads, target: LoadedModel, windows: list[np.ndar
     return (hits / counts[:, None]).tolist()
 
 
-def train_medusa(target: LoadedModel, out_dir: Path, cfg: MedusaTrainConfig,
-                 log: Callable[[str], None] = print) -> MedusaHeads:
+def train_medusa(
+    target: LoadedModel, out_dir: Path, cfg: MedusaTrainConfig, log: Callable[[str], None] = print
+) -> MedusaHeads:
     mx.random.seed(cfg.seed)
     train_files, heldout_files = split_files()
     stream = token_stream(train_files, target.tokenizer)
@@ -108,15 +110,26 @@ def train_medusa(target: LoadedModel, out_dir: Path, cfg: MedusaTrainConfig,
             out_dir.mkdir(parents=True, exist_ok=True)
             np.save(cached, stream)
     heldout = token_stream(heldout_files, target.tokenizer)
-    config = MedusaConfig(cfg.num_heads, target.config["hidden_size"], target.config["vocab_size"],
-                          cfg.shared_lm_head, target.path.name, base_model_identity(target.path), data=cfg.data)
+    config = MedusaConfig(
+        cfg.num_heads,
+        target.config["hidden_size"],
+        target.config["vocab_size"],
+        cfg.shared_lm_head,
+        target.path.name,
+        base_model_identity(target.path),
+        data=cfg.data,
+    )
     heads = MedusaHeads(config)
     target.model.freeze()
     base_head = output_head(target.model)
     warmup = min(cfg.warmup, cfg.steps // 2)
-    schedule = optim.join_schedules([optim.linear_schedule(cfg.lr / 20, cfg.lr, max(warmup, 1)),
-                                     optim.cosine_decay(cfg.lr, max(cfg.steps - warmup, 1), cfg.lr / 10)],
-                                    [max(warmup, 1)])
+    schedule = optim.join_schedules(
+        [
+            optim.linear_schedule(cfg.lr / 20, cfg.lr, max(warmup, 1)),
+            optim.cosine_decay(cfg.lr, max(cfg.steps - warmup, 1), cfg.lr / 10),
+        ],
+        [max(warmup, 1)],
+    )
     optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
     weights = mx.array([HEAD_DECAY**i for i in range(cfg.num_heads)])
 

@@ -131,8 +131,16 @@ def allocated_tokens(tokens: int) -> int:
     return math.ceil(tokens / KV_STEP) * KV_STEP
 
 
-def kv_cache_bytes(config: dict, context: int, rollback: int = 0, kv_bits: int | None = None, kv_group_size: int = 64,
-                   dtype: str = "float32", batch: int = 1, window: int | None = None) -> int:
+def kv_cache_bytes(
+    config: dict,
+    context: int,
+    rollback: int = 0,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+    dtype: str = "float32",
+    batch: int = 1,
+    window: int | None = None,
+) -> int:
     """Peak KV bytes after `context` tokens, with `rollback` extra positions a speculative step writes then trims.
 
     Sliding-window layers hold window + rollback (mlxspec's WindowKVCache); `window` caps every layer (a windowed
@@ -141,8 +149,9 @@ def kv_cache_bytes(config: dict, context: int, rollback: int = 0, kv_bits: int |
     s = Shape.from_config(config)
     elem = DTYPE_BYTES[dtype]
     per_position = 2 * s.kv_heads * s.head_dim  # keys and values
-    per_position_bytes = (per_position * kv_bits / 8 + 2 * (per_position / kv_group_size) * elem) if kv_bits \
-        else per_position * elem
+    per_position_bytes = (
+        (per_position * kv_bits / 8 + 2 * (per_position / kv_group_size) * elem) if kv_bits else per_position * elem
+    )
     total = 0.0
     peak = context + rollback
     for sliding in s.sliding_layers:
@@ -155,8 +164,9 @@ def kv_cache_bytes(config: dict, context: int, rollback: int = 0, kv_bits: int |
     return int(total * batch)
 
 
-def verification_bytes(config: dict, positions: int, context: int, prefill_chunk: int = 512,
-                       materialized_scores: bool = True) -> int:
+def verification_bytes(
+    config: dict, positions: int, context: int, prefill_chunk: int = 512, materialized_scores: bool = True
+) -> int:
     """Transient activations at their peak: the verify pass over `positions` tokens, or a prefill chunk.
 
     Counts float32 logits and their processed copies, the MLP intermediate, and one layer's attention scores where
@@ -165,8 +175,11 @@ def verification_bytes(config: dict, positions: int, context: int, prefill_chunk
     s = Shape.from_config(config)
     f32 = 4
     scores = s.heads * materialized_scores
-    verify = (3 * positions * s.vocab + scores * positions * (context + positions)
-              + 3 * positions * max(s.intermediate, s.expert_intermediate)) * f32
+    verify = (
+        3 * positions * s.vocab
+        + scores * positions * (context + positions)
+        + 3 * positions * max(s.intermediate, s.expert_intermediate)
+    ) * f32
     chunk = min(prefill_chunk, context)
     prefill = (scores * chunk * context + 3 * chunk * max(s.intermediate, s.hidden)) * f32
     return int(max(verify, prefill))

@@ -11,8 +11,22 @@ from pathlib import Path
 from .errors import UserError
 
 PRESET_DIR = Path(__file__).parent / "configs"
-SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
-                           "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "U32": 4,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 @dataclass
@@ -64,8 +78,7 @@ def load_metadata(name: str) -> ModelMetadata:
         return ModelMetadata(path.name, _read_config(path / "config.json"), weight, f"{path} (safetensors headers)")
     if "/" in name and not name.startswith((".", "/", "~")):
         return _hub_metadata(name)
-    raise UserError(f"model '{name}' is not a preset, a local path or a repo id; "
-                    f"presets: {', '.join(preset_names())}")
+    raise UserError(f"model '{name}' is not a preset, a local path or a repo id; presets: {', '.join(preset_names())}")
 
 
 def _hub_metadata(repo_id: str) -> ModelMetadata:
@@ -83,6 +96,8 @@ def _hub_metadata(repo_id: str) -> ModelMetadata:
         except Exception:  # no safetensors on the hub: fall back to the config arithmetic
             weight = None
     except Exception as exc:
-        raise UserError(f"could not read '{repo_id}' from the Hugging Face hub ({type(exc).__name__}); "
-                        "pass a local directory, a config.json or a preset name") from None
+        raise UserError(
+            f"could not read '{repo_id}' from the Hugging Face hub ({type(exc).__name__}); "
+            "pass a local directory, a config.json or a preset name"
+        ) from None
     return ModelMetadata(repo_id, config, weight, f"hub: {repo_id} (config.json + safetensors headers)")

@@ -1,4 +1,4 @@
-"""`mlxspec plan`: will a target, its drafter and both KV caches fit a device at a context, and what to change if not."""
+"""`mlxspec plan`: do a target, its drafter and both KV caches fit a device at a context; what to change if not."""
 
 from __future__ import annotations
 
@@ -88,21 +88,40 @@ def memory_items(req: PlanRequest, context: int | None = None) -> list[PlanItem]
         items.append(PlanItem("draft weights", weight, note))
     if req.medusa_heads:
         params = mm.medusa_parameters(req.target.config, req.medusa_heads)
-        items.append(PlanItem("medusa heads", params * mm.DTYPE_BYTES[dtype], f"{req.medusa_heads} heads, shared LM head"))
+        items.append(
+            PlanItem("medusa heads", params * mm.DTYPE_BYTES[dtype], f"{req.medusa_heads} heads, shared LM head")
+        )
     kv_note = f"{req.kv_bits}-bit" if req.kv_bits else dtype
-    items.append(PlanItem("target KV cache", mm.kv_cache_bytes(req.target.config, context, rollback, req.kv_bits,
-                                                               dtype=dtype, batch=req.batch),
-                          f"{context} + {rollback} positions, {kv_note}"))
+    items.append(
+        PlanItem(
+            "target KV cache",
+            mm.kv_cache_bytes(req.target.config, context, rollback, req.kv_bits, dtype=dtype, batch=req.batch),
+            f"{context} + {rollback} positions, {kv_note}",
+        )
+    )
     if req.draft is not None:
         window = f", window {req.draft_window}" if req.draft_window else ""
-        items.append(PlanItem("draft KV cache", mm.kv_cache_bytes(req.draft.config, context, rollback, req.kv_bits,
-                                                                  dtype=dtype, batch=req.batch,
-                                                                  window=req.draft_window),
-                              f"{kv_note}{window}"))
-    activations = mm.verification_bytes(req.target.config, rollback, context,
-                                        materialized_scores=req.device.backend == "cpu")
-    items.append(PlanItem("activations", req.batch * activations,
-                          f"verify {rollback} positions or a 512-token prefill chunk"))
+        items.append(
+            PlanItem(
+                "draft KV cache",
+                mm.kv_cache_bytes(
+                    req.draft.config,
+                    context,
+                    rollback,
+                    req.kv_bits,
+                    dtype=dtype,
+                    batch=req.batch,
+                    window=req.draft_window,
+                ),
+                f"{kv_note}{window}",
+            )
+        )
+    activations = mm.verification_bytes(
+        req.target.config, rollback, context, materialized_scores=req.device.backend == "cpu"
+    )
+    items.append(
+        PlanItem("activations", req.batch * activations, f"verify {rollback} positions or a 512-token prefill chunk")
+    )
     return items
 
 
@@ -132,10 +151,16 @@ def _alternatives(req: PlanRequest) -> list[tuple[str, str, PlanRequest]]:
         out.append(("quantize both KV caches to 8 bits", "--kv-bits 8", replace(req, kv_bits=8)))
         out.append(("quantize both KV caches to 4 bits", "--kv-bits 4", replace(req, kv_bits=4)))
     if req.draft is not None and not req.draft_window:
-        out.append(("give the draft a 1024-token KV window (it only drafts; exactness is kept)",
-                    "--draft-window 1024", replace(req, draft_window=1024)))
-        out.append(("use Medusa heads instead of a draft model", "--medusa PATH",
-                    replace(req, draft=None, medusa_heads=4)))
+        out.append(
+            (
+                "give the draft a 1024-token KV window (it only drafts; exactness is kept)",
+                "--draft-window 1024",
+                replace(req, draft_window=1024),
+            )
+        )
+        out.append(
+            ("use Medusa heads instead of a draft model", "--medusa PATH", replace(req, draft=None, medusa_heads=4))
+        )
     if req.verify_positions > 3:
         out.append(("draft fewer tokens per step", "--num-draft 2", replace(req, num_draft=2, tree_nodes=None)))
     if req.draft is not None and not req.draft_bits and not (req.draft.config.get("quantization") or {}):
@@ -148,8 +173,11 @@ def _alternatives(req: PlanRequest) -> list[tuple[str, str, PlanRequest]]:
 
 def _merge(base: PlanRequest, changed: PlanRequest) -> PlanRequest:
     """base with every field that `changed` altered relative to the original defaults applied."""
-    updates = {name: getattr(changed, name) for name in ("kv_bits", "draft_window", "num_draft", "tree_nodes",
-                                                         "target_bits", "draft_bits") if getattr(changed, name) is not None}
+    updates = {
+        name: getattr(changed, name)
+        for name in ("kv_bits", "draft_window", "num_draft", "tree_nodes", "target_bits", "draft_bits")
+        if getattr(changed, name) is not None
+    }
     return replace(base, **updates)
 
 
@@ -161,23 +189,44 @@ def make_plan(req: PlanRequest) -> Plan:
     budget = req.device.budget_bytes
     drafter = sum(i.bytes for i in items if i.name.startswith(("draft", "medusa")))
     plan = Plan(
-        request={"target": req.target.name, "draft": req.draft.name if req.draft else None,
-                 "medusa_heads": req.medusa_heads, "device": req.device.name, "device_source": req.device.source,
-                 "context": req.context, "batch": req.batch, "target_bits": req.target_bits,
-                 "kv_bits": req.kv_bits, "num_draft": req.num_draft, "tree_nodes": req.tree_nodes,
-                 "draft_window": req.draft_window},
-        items=items, mlx_bytes=mlx_bytes, total_bytes=total, budget_bytes=budget, fits=total <= budget,
+        request={
+            "target": req.target.name,
+            "draft": req.draft.name if req.draft else None,
+            "medusa_heads": req.medusa_heads,
+            "device": req.device.name,
+            "device_source": req.device.source,
+            "context": req.context,
+            "batch": req.batch,
+            "target_bits": req.target_bits,
+            "kv_bits": req.kv_bits,
+            "num_draft": req.num_draft,
+            "tree_nodes": req.tree_nodes,
+            "draft_window": req.draft_window,
+        },
+        items=items,
+        mlx_bytes=mlx_bytes,
+        total_bytes=total,
+        budget_bytes=budget,
+        fits=total <= budget,
         max_context={
             "target alone": max_context(replace(req, draft=None, medusa_heads=0)),
             "target + draft": max_context(replace(req, medusa_heads=0)) if req.draft else None,
             "target + medusa": max_context(replace(req, draft=None, medusa_heads=req.medusa_heads or 4)),
         },
-        drafter_overhead_bytes=drafter, drafter_overhead_percent=100 * drafter / budget,
+        drafter_overhead_bytes=drafter,
+        drafter_overhead_percent=100 * drafter / budget,
     )
     for what, how, alternative in _alternatives(req):
         alt_total = total_bytes(alternative)
-        plan.recommendations.append({"change": what, "how": how, "total_bytes": alt_total,
-                                     "fits": alt_total <= budget, "max_context": max_context(alternative)})
+        plan.recommendations.append(
+            {
+                "change": what,
+                "how": how,
+                "total_bytes": alt_total,
+                "fits": alt_total <= budget,
+                "max_context": max_context(alternative),
+            }
+        )
     if not plan.fits and not any(r["fits"] for r in plan.recommendations):
         # No single change is enough: stack them in cost order until the plan fits.
         combined, hows = req, []
@@ -189,30 +238,45 @@ def make_plan(req: PlanRequest) -> Plan:
             if total_bytes(combined) <= budget:
                 break
         alt_total = total_bytes(combined)
-        plan.recommendations.append({"change": "all of these together", "how": " ".join(hows),
-                                     "total_bytes": alt_total, "fits": alt_total <= budget,
-                                     "max_context": max_context(combined)})
+        plan.recommendations.append(
+            {
+                "change": "all of these together",
+                "how": " ".join(hows),
+                "total_bytes": alt_total,
+                "fits": alt_total <= budget,
+                "max_context": max_context(combined),
+            }
+        )
     elif not plan.fits:
         plan.recommendations.sort(key=lambda r: not r["fits"])  # keep cost order among those that fit
     if req.device.backend == "cpu" and (req.target_bits or (req.target.config.get("quantization") or {})):
-        plan.notes.append("On MLX's CPU backend a quantized target verifies K+1 tokens at K+1 times the cost of one "
-                          "(quantized_matmul scales with rows), so a float32/bf16 target is faster there.")
+        plan.notes.append(
+            "On MLX's CPU backend a quantized target verifies K+1 tokens at K+1 times the cost of one "
+            "(quantized_matmul scales with rows), so a float32/bf16 target is faster there."
+        )
     return plan
 
 
 def format_plan(plan: Plan) -> str:
     r = plan.request
-    head = f"{r['target']}" + (f" + draft {r['draft']}" if r["draft"] else "") + \
-        (f" + {r['medusa_heads']} Medusa heads" if r["medusa_heads"] else "")
-    lines = [f"{head} on {r['device']} at context {r['context']} (batch {r['batch']})",
-             f"budget {plan.budget_bytes / GiB:.2f} GiB: {r['device_source']}", ""]
+    head = (
+        f"{r['target']}"
+        + (f" + draft {r['draft']}" if r["draft"] else "")
+        + (f" + {r['medusa_heads']} Medusa heads" if r["medusa_heads"] else "")
+    )
+    lines = [
+        f"{head} on {r['device']} at context {r['context']} (batch {r['batch']})",
+        f"budget {plan.budget_bytes / GiB:.2f} GiB: {r['device_source']}",
+        "",
+    ]
     for item in plan.items:
         lines.append(f"  {item.name:18s} {item.bytes / GiB:9.3f} GiB  {item.note}")
     lines.append(f"  {'total':18s} {plan.total_bytes / GiB:9.3f} GiB  of {plan.budget_bytes / GiB:.2f} GiB")
     lines.append("")
-    lines.append(("FITS" if plan.fits else "DOES NOT FIT") +
-                 f": drafter overhead {plan.drafter_overhead_bytes / GiB:.3f} GiB "
-                 f"({plan.drafter_overhead_percent:.1f}% of the budget)")
+    lines.append(
+        ("FITS" if plan.fits else "DOES NOT FIT") + f": drafter overhead {plan.drafter_overhead_bytes / GiB:.3f} GiB "
+        f"({plan.drafter_overhead_percent:.1f}% of the budget)"
+    )
     for name, ctx in plan.max_context.items():
         if ctx is not None or name != "target + draft":
             lines.append(f"  max context, {name:16s} {ctx if ctx is not None else 'none fits'}")
@@ -221,8 +285,10 @@ def format_plan(plan: Plan) -> str:
         lines.append("what to change, cheapest first:")
         for rec in plan.recommendations:
             verdict = "fits" if rec["fits"] else "still too big"
-            lines.append(f"  {rec['how']:20s} {rec['change']}: {rec['total_bytes'] / GiB:.2f} GiB, {verdict}, "
-                         f"max context {rec['max_context']}")
+            lines.append(
+                f"  {rec['how']:20s} {rec['change']}: {rec['total_bytes'] / GiB:.2f} GiB, {verdict}, "
+                f"max context {rec['max_context']}"
+            )
     for note in plan.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -62,8 +62,14 @@ def _stored_start(layer_cache: Any, num_new: int) -> int:
     return start + (drop() if drop else 0)
 
 
-def _tree_make_mask(layer_cache: Any, context: TreeContext, N: int, window_size: int | None = None,
-                    return_array: bool = False, **kwargs: Any) -> mx.array:
+def _tree_make_mask(
+    layer_cache: Any,
+    context: TreeContext,
+    N: int,
+    window_size: int | None = None,
+    return_array: bool = False,
+    **kwargs: Any,
+) -> mx.array:
     """[N, stored + N] bool: every node sees the whole prefix and its own ancestors, within any sliding window."""
     prefix_positions = mx.arange(_stored_start(layer_cache, N), layer_cache.offset)
     key_positions = mx.concatenate([prefix_positions, context.positions])

@@ -62,8 +62,9 @@ def ancestor_mask(shape: TreeShape) -> mx.array:
     return mx.array(rows)
 
 
-def accept_tree(tokens: mx.array, parents: mx.array, target_probs: mx.array, key: mx.array, max_depth: int,
-                greedy: bool = False) -> tuple[mx.array, mx.array]:
+def accept_tree(
+    tokens: mx.array, parents: mx.array, target_probs: mx.array, key: mx.array, max_depth: int, greedy: bool = False
+) -> tuple[mx.array, mx.array]:
     """Exact verification of deterministic drafts (top-k trees, prompt lookup): one target sample per node.
 
     tokens: [N] int32 node tokens (node 0 is the root). parents: [N] int32 (parents[0] = 0 here).

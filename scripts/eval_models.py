@@ -31,7 +31,9 @@ def heldout_windows(tokenizer) -> list[list[int]]:
         text = read_text(path)
         if text:
             stream += tokenizer.encode(text) + [eos]
-    return [stream[i : i + WINDOW + 1] for i in range(0, len(stream) - 1, WINDOW) if len(stream[i : i + WINDOW + 1]) > 1]
+    return [
+        stream[i : i + WINDOW + 1] for i in range(0, len(stream) - 1, WINDOW) if len(stream[i : i + WINDOW + 1]) > 1
+    ]
 
 
 def window_stats(model, window: list[int]) -> tuple[float, mx.array]:
@@ -66,8 +68,11 @@ def main() -> None:
             total += loss.item()
             predictions[name].append(np.array(argmax))
         params = sum(v.size for _, v in __import__("mlx.utils").utils.tree_flatten(lm.model.parameters()))
-        results["models"][name] = {"heldout_loss": total / num_tokens, "stored_parameters": int(params),
-                                   "seconds": time.perf_counter() - start}
+        results["models"][name] = {
+            "heldout_loss": total / num_tokens,
+            "stored_parameters": int(params),
+            "seconds": time.perf_counter() - start,
+        }
         print(f"{name:12s} loss {total / num_tokens:.4f} nats/token")
 
     if "draft" in predictions:
@@ -76,8 +81,9 @@ def main() -> None:
                 same = sum(int((a == b).sum()) for a, b in zip(predictions["draft"], predictions[name]))
                 results[f"agreement_draft_{name}"] = same / num_tokens
                 print(f"top-1 agreement draft vs {name}: {same / num_tokens:.4f}")
-        results["loss_gap_draft_minus_target"] = (results["models"]["draft"]["heldout_loss"]
-                                                  - results["models"]["target"]["heldout_loss"])
+        results["loss_gap_draft_minus_target"] = (
+            results["models"]["draft"]["heldout_loss"] - results["models"]["target"]["heldout_loss"]
+        )
         print(f"loss gap (draft - target): {results['loss_gap_draft_minus_target']:.4f} nats/token")
     out = args.out or args.models / "eval.json"
     out.write_text(json.dumps(results, indent=2) + "\n")

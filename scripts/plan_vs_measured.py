@@ -60,26 +60,50 @@ def main() -> None:
     cpu = Device("this CPU", 0, 1 << 50, "unbounded, for comparison", backend="cpu")
 
     qwen = load_metadata("qwen2.5-0.5b")
-    draft_config = {**qwen.config, "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,
-                    "num_attention_heads": 4, "num_key_value_heads": 2}
+    draft_config = {
+        **qwen.config,
+        "num_hidden_layers": 2,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
     pairs = {
-        "embedded target + draft": (load_model(DEFAULT_TARGET).model, load_model(DEFAULT_DRAFT).model,
-                                    load_metadata(str(DEFAULT_TARGET)), load_metadata(str(DEFAULT_DRAFT))),
-        "Qwen2.5-0.5B (random) + 2-layer draft": (random_model(qwen.config), random_model(draft_config), qwen,
-                                                  ModelMetadata("qwen-draft", draft_config, None, "random")),
+        "embedded target + draft": (
+            load_model(DEFAULT_TARGET).model,
+            load_model(DEFAULT_DRAFT).model,
+            load_metadata(str(DEFAULT_TARGET)),
+            load_metadata(str(DEFAULT_DRAFT)),
+        ),
+        "Qwen2.5-0.5B (random) + 2-layer draft": (
+            random_model(qwen.config),
+            random_model(draft_config),
+            qwen,
+            ModelMetadata("qwen-draft", draft_config, None, "random"),
+        ),
     }
     rows = []
     for name, (target, draft, target_meta, draft_meta) in pairs.items():
         for context in contexts:
             measured = measure(target, draft, context, target_meta.config["vocab_size"])
-            request = PlanRequest(target=target_meta, draft=draft_meta, device=cpu, context=context,
-                                  num_draft=NUM_DRAFT)
+            request = PlanRequest(
+                target=target_meta, draft=draft_meta, device=cpu, context=context, num_draft=NUM_DRAFT
+            )
             predicted = make_plan(request).mlx_bytes
             error = (predicted - measured) / measured
-            rows.append({"pair": name, "context": context, "predicted_bytes": predicted, "measured_bytes": measured,
-                         "error": error})
-            print(f"| {name} | {context} | {predicted / 2**20:.1f} | {measured / 2**20:.1f} | {100 * error:+.1f}% |",
-                  flush=True)
+            rows.append(
+                {
+                    "pair": name,
+                    "context": context,
+                    "predicted_bytes": predicted,
+                    "measured_bytes": measured,
+                    "error": error,
+                }
+            )
+            print(
+                f"| {name} | {context} | {predicted / 2**20:.1f} | {measured / 2**20:.1f} | {100 * error:+.1f}% |",
+                flush=True,
+            )
         del target, draft
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1))

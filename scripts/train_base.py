@@ -164,8 +164,16 @@ def main() -> None:
 
     def save_checkpoint(path: Path) -> None:
         tmp = path.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state,
-                    "rng": rng.bit_generator.state, "config": asdict(cfg)}, tmp)
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "opt": opt.state_dict(),
+                "state": state,
+                "rng": rng.bit_generator.state,
+                "config": asdict(cfg),
+            },
+            tmp,
+        )
         tmp.replace(path)
 
     log = open(out / "log.jsonl", "a")
@@ -191,15 +199,24 @@ def main() -> None:
         t_last = now
         if state["step"] % 10 == 0:
             tps = state["tokens"] / max(state["seconds"], 1e-9)
-            print(f"\rstep {state['step']}/{cfg.max_steps} loss {loss.item():.3f} "
-                  f"lr {group['lr']:.2e} {tps:,.0f} tok/s {state['seconds'] / 60:.1f} min", end="", flush=True)
+            print(
+                f"\rstep {state['step']}/{cfg.max_steps} loss {loss.item():.3f} "
+                f"lr {group['lr']:.2e} {tps:,.0f} tok/s {state['seconds'] / 60:.1f} min",
+                end="",
+                flush=True,
+            )
         if state["step"] % cfg.eval_every == 0 or state["step"] == cfg.max_steps:
             val = heldout_loss(model, heldout, cfg)
             improved = val < state["best"]
             state["best"] = min(val, state["best"])
             state["bad_evals"] = 0 if improved else state["bad_evals"] + 1
-            record = {"step": state["step"], "tokens": state["tokens"], "minutes": state["seconds"] / 60,
-                      "train_loss": loss.item(), "heldout_loss": val}
+            record = {
+                "step": state["step"],
+                "tokens": state["tokens"],
+                "minutes": state["seconds"] / 60,
+                "train_loss": loss.item(),
+                "heldout_loss": val,
+            }
             log.write(json.dumps(record) + "\n")
             log.flush()
             print(f"\n  heldout {val:.4f}{' (best)' if improved else ''}", flush=True)
@@ -216,8 +233,11 @@ def main() -> None:
     model.save_pretrained(hf_dir, safe_serialization=True)
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(args.tokenizer / f, hf_dir / f)
-    print(f"\nsaved best (heldout {state['best']:.4f}) to {hf_dir}; {state['tokens']:,} tokens, "
-          f"{state['seconds'] / 60:.1f} min", flush=True)
+    print(
+        f"\nsaved best (heldout {state['best']:.4f}) to {hf_dir}; {state['tokens']:,} tokens, "
+        f"{state['seconds'] / 60:.1f} min",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Train the byte-level BPE tokenizer of the embedded model family on the stdlib training files.
 
-    python scripts/train_tokenizer.py --out runs/tokenizer --vocab-size 4096
+python scripts/train_tokenizer.py --out runs/tokenizer --vocab-size 4096
 """
 
 from __future__ import annotations

@@ -11,13 +11,25 @@ from mlxspec.engine import SpeculativeEngine
 from mlxspec.sampling import SamplingConfig
 
 
-def speculative_tokens(target, draft, prompt, max_tokens, num_draft=4, sampling=SamplingConfig(), seed=0,
-                       kv_bits=None, engine_out=None, tree_topk=1, drafter=None):
+def speculative_tokens(
+    target,
+    draft,
+    prompt,
+    max_tokens,
+    num_draft=4,
+    sampling=SamplingConfig(),
+    seed=0,
+    kv_bits=None,
+    engine_out=None,
+    tree_topk=1,
+    drafter=None,
+):
     """Generate with the engine. `draft` is a draft model (or None); `drafter` overrides it with any Drafter."""
     if drafter is None and draft is not None:
         drafter = DraftModelDrafter(draft, sampling, num_draft, kv_bits=kv_bits, tree_topk=tree_topk)
-    engine = SpeculativeEngine(target, drafter, sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits,
-                               max_nodes=num_draft * tree_topk)
+    engine = SpeculativeEngine(
+        target, drafter, sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits, max_nodes=num_draft * tree_topk
+    )
     engine.prefill(list(prompt))
     out: list[int] = []
     while len(out) < max_tokens:
@@ -47,7 +59,10 @@ def assert_greedy_equal(model, prompt, got, expected):
     """Exact equality; a divergence is only tolerated where the reference itself was a near-tie (< 1e-4 logits)."""
     if got == expected:
         return
-    first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b) if any(
-        a != b for a, b in zip(got, expected)) else min(len(got), len(expected))
+    first = (
+        next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+        if any(a != b for a, b in zip(got, expected))
+        else min(len(got), len(expected))
+    )
     gap = greedy_logit_gap(model, list(prompt) + expected, len(prompt) + first)
     assert gap < 1e-4, f"greedy output diverged at token {first} where the logit gap is {gap:.3g} (not a near-tie)"

@@ -38,8 +38,11 @@ def test_max_tokens_is_exact_even_mid_step(spec, max_tokens):
 
 
 def test_stop_string_truncates_text(spec):
-    prompt, full = next((p, r) for p in ("ab", "ba", "cab", "gf", "fed", "abc", "dd")
-                        if len((r := spec.generate(p, max_tokens=20)).text) >= 6)
+    prompt, full = next(
+        (p, r)
+        for p in ("ab", "ba", "cab", "gf", "fed", "abc", "dd")
+        if len((r := spec.generate(p, max_tokens=20)).text) >= 6
+    )
     stop = full.text[3:5]
     result = spec.generate(prompt, max_tokens=20, stop=[stop])
     assert result.text == full.text[: full.text.index(stop)]
@@ -84,8 +87,11 @@ def test_mismatched_tokenizer_is_refused_naming_the_first_difference(tiny_dirs):
 
 def test_stats_are_consistent(tiny_dirs):
     spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3)
-    result = next(r for seed in range(20)
-                  if len((r := spec.generate("abc", max_tokens=30, temperature=1.0, seed=seed)).tokens) >= 10)
+    result = next(
+        r
+        for seed in range(20)
+        if len((r := spec.generate("abc", max_tokens=30, temperature=1.0, seed=seed)).tokens) >= 10
+    )
     stats = result.stats
     assert stats.generated_tokens == len(result.tokens)
     assert stats.accepted <= stats.drafted <= 3 * stats.target_calls
@@ -98,4 +104,5 @@ def test_no_draft_is_plain_decoding(tiny_dirs):
     spec = mlxspec.load(tiny_dirs["target"], draft=None)
     result = spec.generate("abc", max_tokens=15)
     assert result.stats.drafted == 0 and result.stats.target_calls == len(result.tokens) + (
-        result.finish_reason == "stop")
+        result.finish_reason == "stop"
+    )

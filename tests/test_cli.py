@@ -8,24 +8,48 @@ import pytest
 
 
 def run_cli(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "mlxspec.cli", *map(str, args)], capture_output=True, text=True,
-                          input=stdin, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mlxspec.cli", *map(str, args)], capture_output=True, text=True, input=stdin, timeout=120
+    )
 
 
 def test_json_output_has_tokens_text_and_stats(tiny_dirs):
-    proc = run_cli("generate", "abc", "--model", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
-                   "--max-tokens", "12", "--temp", "0.7", "--seed", "1", "--json")
+    proc = run_cli(
+        "generate",
+        "abc",
+        "--model",
+        tiny_dirs["target"],
+        "--draft",
+        tiny_dirs["draft"],
+        "--max-tokens",
+        "12",
+        "--temp",
+        "0.7",
+        "--seed",
+        "1",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert set(out) >= {"tokens", "text", "stats"}
-    for key in ("target_calls", "draft_calls", "drafted", "accepted", "acceptance_rate", "tokens_per_target_call",
-                "tokens_per_second", "prompt_tokens_per_second", "peak_memory_bytes"):
+    for key in (
+        "target_calls",
+        "draft_calls",
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "tokens_per_target_call",
+        "tokens_per_second",
+        "prompt_tokens_per_second",
+        "peak_memory_bytes",
+    ):
         assert key in out["stats"]
 
 
 def test_stdin_prompt_and_verbose_stats(tiny_dirs):
-    proc = run_cli("generate", "-", "--model", tiny_dirs["target"], "--no-draft", "--max-tokens", "5", "-v",
-                   stdin="abab")
+    proc = run_cli(
+        "generate", "-", "--model", tiny_dirs["target"], "--no-draft", "--max-tokens", "5", "-v", stdin="abab"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "alpha=" in proc.stderr and "tok/s" in proc.stderr
 

@@ -42,14 +42,17 @@ def test_sliding_window_target_runs_past_its_window():
     prompt = [1, 2, 3, 4, 5, 6, 0, 1, 2, 3]
     expected = mlx_lm_greedy(target, prompt, 40)
     for num_draft in (2, 5):
-        assert_greedy_equal(target, prompt, speculative_tokens(target, draft, prompt, 40, num_draft=num_draft), expected)
+        assert_greedy_equal(
+            target, prompt, speculative_tokens(target, draft, prompt, 40, num_draft=num_draft), expected
+        )
 
 
 @pytest.mark.parametrize("kv_bits", [4, 8])
 def test_greedy_with_quantized_kv_equals_plain_decoding_with_quantized_kv(kv_bits):
     target = make_tiny("llama", seed=0, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
-    draft = make_tiny("llama", seed=1, hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
-                      num_hidden_layers=1)
+    draft = make_tiny(
+        "llama", seed=1, hidden_size=128, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1
+    )
     for prompt in PROMPTS:
         plain = speculative_tokens(target, None, prompt, 24, kv_bits=kv_bits)
         got = speculative_tokens(target, draft, prompt, 24, num_draft=4, kv_bits=kv_bits)
@@ -60,8 +63,9 @@ def test_target_cache_equals_plain_decoding_cache():
     target, draft = make_tiny("llama", seed=0), make_tiny("llama", seed=1, num_hidden_layers=1)
     prompt = PROMPTS[1]
     engines = []
-    tokens = speculative_tokens(target, draft, prompt, 17, num_draft=3, sampling=SamplingConfig(1.0), seed=4,
-                                engine_out=engines)
+    tokens = speculative_tokens(
+        target, draft, prompt, 17, num_draft=3, sampling=SamplingConfig(1.0), seed=4, engine_out=engines
+    )
     spec_cache = engines[0].cache
     # Plain decoding of the same tokens: everything but the last emitted token has been fed to the target.
     fed = prompt + tokens[:-1]
@@ -98,6 +102,7 @@ def test_one_host_sync_per_step(monkeypatch):
 
 
 # ---- distribution tests: enumerate the exact joint law of the first three tokens (vocab 8) ----
+
 
 def exact_joint(target, prompt, sampling, length):
     """P(t1..tL) under the processed target, by enumerating every prefix (8^L - 1 forward passes at most)."""

@@ -11,15 +11,22 @@ from tiny import FAMILIES, make_tiny
 
 from mlxspec import UserError
 from mlxspec.loading import load_model
-from mlxspec.medusa import (MedusaConfig, MedusaDrafter, MedusaHeads, forward_with_hidden, load_medusa, save_medusa,
-                            sparse_tree)
+from mlxspec.medusa import (
+    MedusaConfig,
+    MedusaDrafter,
+    MedusaHeads,
+    forward_with_hidden,
+    load_medusa,
+    sparse_tree,
+)
 from mlxspec.medusa_train import MedusaTrainConfig, train_medusa
 from mlxspec.sampling import SamplingConfig
 
 
 def random_heads(model, num_heads=3, seed=3):
-    config = MedusaConfig(num_heads=num_heads, hidden_size=model.config["hidden_size"],
-                          vocab_size=model.config["vocab_size"])
+    config = MedusaConfig(
+        num_heads=num_heads, hidden_size=model.config["hidden_size"], vocab_size=model.config["vocab_size"]
+    )
     heads = MedusaHeads(config)
     mx.random.seed(seed)
     heads.update(tree_map(lambda p: mx.random.normal(p.shape), heads.parameters()))
@@ -54,8 +61,9 @@ def test_medusa_tree_samples_follow_the_target_distribution(sampling):
     counts = np.zeros([8] * length)
     for seed in range(3000):
         drafter = MedusaDrafter(heads, target, tree_nodes=6, tree_topk=2)
-        out = speculative_tokens(target, None, prompt, length, num_draft=3, sampling=sampling, seed=seed,
-                                 drafter=drafter)
+        out = speculative_tokens(
+            target, None, prompt, length, num_draft=3, sampling=sampling, seed=seed, drafter=drafter
+        )
         counts[tuple(out)] += 1
     assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
 

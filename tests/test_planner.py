@@ -80,8 +80,14 @@ def test_sizes_parse():
 
 
 def test_plan_fits_and_max_context_is_the_boundary():
-    request = PlanRequest(target=load_metadata("llama-3.1-8b"), draft=load_metadata("llama-3.2-1b"),
-                          device=PRESETS["m2-16gb"], context=8192, target_bits=4, draft_bits=4)
+    request = PlanRequest(
+        target=load_metadata("llama-3.1-8b"),
+        draft=load_metadata("llama-3.2-1b"),
+        device=PRESETS["m2-16gb"],
+        context=8192,
+        target_bits=4,
+        draft_bits=4,
+    )
     plan = make_plan(request)
     assert plan.fits
     limit = max_context(request)
@@ -90,8 +96,9 @@ def test_plan_fits_and_max_context_is_the_boundary():
 
 
 def test_plan_that_does_not_fit_recommends_changes_that_do():
-    request = PlanRequest(target=load_metadata("qwen2.5-7b"), draft=load_metadata("qwen2.5-0.5b"),
-                          device=PRESETS["m1-8gb"], context=8192)
+    request = PlanRequest(
+        target=load_metadata("qwen2.5-7b"), draft=load_metadata("qwen2.5-0.5b"), device=PRESETS["m1-8gb"], context=8192
+    )
     plan = make_plan(request)
     assert not plan.fits
     assert plan.recommendations and plan.recommendations[-1]["fits"]
@@ -118,8 +125,11 @@ def test_plan_cli_json_and_errors():
     assert ok.returncode == 0, ok.stderr
     out = json.loads(ok.stdout)
     assert {"items", "fits", "max_context", "recommendations", "drafter_overhead_bytes"} <= set(out)
-    for args, message in [(("--model", "nope"), "not a preset"), (("--model", "qwen3-8b", "--device", "m9"), "m9"),
-                          (("--model", "qwen3-8b", "--memory", "lots"), "lots")]:
+    for args, message in [
+        (("--model", "nope"), "not a preset"),
+        (("--model", "qwen3-8b", "--device", "m9"), "m9"),
+        (("--model", "qwen3-8b", "--memory", "lots"), "lots"),
+    ]:
         bad = run(*args)
         assert bad.returncode == 2 and "Traceback" not in bad.stderr and message in bad.stderr
 

@@ -1,7 +1,5 @@
 """Tree verification: exact masks, per-family equality with plain decoding, and distribution tests."""
 
-import itertools
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -101,8 +99,17 @@ def test_prompt_lookup_finds_the_latest_continuation():
 def test_tree_cache_equals_plain_decoding_cache():
     target, draft = make_tiny("llama", seed=0), make_tiny("llama", seed=1)
     engines = []
-    tokens = speculative_tokens(target, draft, PROMPTS[1], 15, num_draft=3, tree_topk=2,
-                                sampling=SamplingConfig(1.0), seed=2, engine_out=engines)
+    tokens = speculative_tokens(
+        target,
+        draft,
+        PROMPTS[1],
+        15,
+        num_draft=3,
+        tree_topk=2,
+        sampling=SamplingConfig(1.0),
+        seed=2,
+        engine_out=engines,
+    )
     fed = PROMPTS[1] + tokens[:-1]
     plain = make_prompt_cache(target)
     target(mx.array(fed)[None], cache=plain)
@@ -122,8 +129,17 @@ def test_tree_samples_follow_the_target_distribution(sampling, source):
     counts = np.zeros([8] * length)
     for seed in range(3000):
         drafter = PromptLookupDrafter() if source == "prompt-lookup" else None
-        out = speculative_tokens(target, draft if drafter is None else None, prompt, length, num_draft=2,
-                                 sampling=sampling, seed=seed, tree_topk=3, drafter=drafter)
+        out = speculative_tokens(
+            target,
+            draft if drafter is None else None,
+            prompt,
+            length,
+            num_draft=2,
+            sampling=sampling,
+            seed=seed,
+            tree_topk=3,
+            drafter=drafter,
+        )
         counts[tuple(out)] += 1
     assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
     assert chi_square_pvalue(counts, exact_joint(draft, prompt, sampling, length)) < ALPHA

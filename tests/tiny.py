@@ -21,20 +21,40 @@ BASE = {
 }
 
 FAMILIES = {
-    "llama": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
+    "llama": {
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        }
+    },
     "qwen2": {},
     "qwen3": {"head_dim": 8},
     "mistral": {},
-    "gemma2": {"head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 6, "attn_logit_softcapping": 50.0,
-               "final_logit_softcapping": 30.0, "tie_word_embeddings": True},
-    "gemma3_text": {"head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 6, "sliding_window_pattern": 2,
-                    "tie_word_embeddings": True, "rope_local_base_freq": 10000.0},
+    "gemma2": {
+        "head_dim": 8,
+        "query_pre_attn_scalar": 8,
+        "sliding_window": 6,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True,
+    },
+    "gemma3_text": {
+        "head_dim": 8,
+        "query_pre_attn_scalar": 8,
+        "sliding_window": 6,
+        "sliding_window_pattern": 2,
+        "tie_word_embeddings": True,
+        "rope_local_base_freq": 10000.0,
+    },
 }
 
 
-def make_tiny(family: str = "llama", seed: int = 0, vocab_size: int = 8, logit_scale: float = 4.0,
-              **overrides) -> nn.Module:
+def make_tiny(
+    family: str = "llama", seed: int = 0, vocab_size: int = 8, logit_scale: float = 4.0, **overrides
+) -> nn.Module:
     config = {**BASE, **FAMILIES.get(family, {}), "model_type": family, "vocab_size": vocab_size, **overrides}
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
