@@ -25,18 +25,23 @@ def test_residual_matches_formula_and_falls_back_to_p():
     np.testing.assert_allclose(res[1], [0.25] * 4, atol=1e-6)  # p == q: residual is zero, so sample from p
 
 
-def run_chain(p, q, trials, seed):
-    """Draw x ~ q, run accept_chain with K=1, return the first emitted token of each trial."""
-    p_mx, q_mx = mx.array(p), mx.array(q)
+def draw_and_accept(target_probs, draft_probs, trials, seed):
+    """Per trial: draw x ~ q_1 (K=1), run accept_chain. Returns numpy (num_accepted, next_token, x)."""
+    p_mx, q_mx = mx.array(target_probs), mx.array(draft_probs)
 
     def one(key):
         draft_key, accept_key = mx.random.split(key)
         x = mx.random.categorical(mx.log(q_mx[0]), key=draft_key).astype(mx.int32)[None]
         n, nxt = accept_chain(x, q_mx, p_mx, accept_key)
-        return mx.where(n > 0, x[0], nxt)
+        return n, nxt, x[0]
 
-    keys = mx.random.split(mx.random.key(seed), trials)
-    return np.array(mx.vmap(one)(keys))
+    return [np.array(a) for a in mx.vmap(one)(mx.random.split(mx.random.key(seed), trials))]
+
+
+def run_chain(p, q, trials, seed):
+    """The first emitted token of each trial: the draft if accepted, else the resample."""
+    n, nxt, x = draw_and_accept(p, q, trials, seed)
+    return np.where(n > 0, x, nxt)
 
 
 @pytest.mark.parametrize("case", ["dense", "zeros_in_p", "zeros_in_q", "top_p"])
@@ -63,31 +68,17 @@ def test_bonus_token_follows_last_target_row_when_all_accepted():
     # q == p everywhere: every draft is accepted, so the next token is the bonus, drawn from p_{K+1}.
     rng = np.random.default_rng(5)
     p1, bonus = random_dist(rng, 5), random_dist(rng, 5)
-    p_mx, q_mx = mx.array(np.stack([p1, bonus])), mx.array(p1[None])
-
-    def one(key):
-        draft_key, accept_key = mx.random.split(key)
-        x = mx.random.categorical(mx.log(q_mx[0]), key=draft_key).astype(mx.int32)[None]
-        return accept_chain(x, q_mx, p_mx, accept_key)
-
-    n, nxt = mx.vmap(one)(mx.random.split(mx.random.key(1), 20000))
-    assert np.all(np.array(n) == 1)
-    assert chi_square_pvalue(np.bincount(np.array(nxt), minlength=5), bonus) > ALPHA
+    n, nxt, _ = draw_and_accept(np.stack([p1, bonus]), p1[None], 20000, seed=1)
+    assert np.all(n == 1)
+    assert chi_square_pvalue(np.bincount(nxt, minlength=5), bonus) > ALPHA
 
 
 def test_acceptance_probability_is_min_one_ratio():
     """P(accept) = sum_x q(x) min(1, p(x)/q(x)) = 1 - TV(p, q)."""
     rng = np.random.default_rng(7)
     p, q = random_dist(rng, 6), random_dist(rng, 6)
-    p_mx, q_mx = mx.array(np.stack([p, p])), mx.array(q[None])
-
-    def one(key):
-        draft_key, accept_key = mx.random.split(key)
-        x = mx.random.categorical(mx.log(q_mx[0]), key=draft_key).astype(mx.int32)[None]
-        return accept_chain(x, q_mx, p_mx, accept_key)[0]
-
     trials = 20000
-    accepted = np.array(mx.vmap(one)(mx.random.split(mx.random.key(2), trials))).sum()
+    accepted = draw_and_accept(np.stack([p, p]), q[None], trials, seed=2)[0].sum()
     expected = np.minimum(p, q).sum()
     # Binomial test, two-sided at ~4.4 sigma (false alarm about 1e-5).
     sigma = np.sqrt(trials * expected * (1 - expected))
