@@ -61,7 +61,7 @@ def reexec_with_openblas(argv: list[str]) -> None:
 
 def main() -> None:
     reexec_with_openblas(sys.argv)
-    cli()
+    cli(prog_name="mlxspec")
 
 
 def format_stats(stats) -> str:

@@ -31,7 +31,7 @@ class MedusaTrainConfig:
     warmup: int = 20
     seed: int = 0
     data: str = "corpus"  # or "self-distill"
-    distill_sequences: int = 160
+    distill_sequences: int = 512
     eval_windows: int = 64
     shared_lm_head: bool = True
 
@@ -48,21 +48,22 @@ def token_stream(files: list[Path], tokenizer) -> np.ndarray:
 def self_distilled_stream(
     target: LoadedModel, stream: np.ndarray, cfg: MedusaTrainConfig, log: Callable[[str], None]
 ) -> np.ndarray:
-    """The target's own greedy continuations of corpus prompts: what its heads will be asked to predict."""
-    from .engine import SpeculativeEngine
-    from .sampling import SamplingConfig
+    """The target's own greedy continuations of corpus prompts: what its heads will be asked to predict.
+
+    Generated in batches with mlx-lm's batch_generate, which amortizes the per-call cost many sequences share.
+    """
+    from mlx_lm.generate import batch_generate
 
     rng = np.random.default_rng(cfg.seed + 1)
     prompt_len, gen_len = 64, cfg.seq_len - 64
+    starts = rng.integers(0, len(stream) - prompt_len, cfg.distill_sequences)
+    prompts = [stream[s : s + prompt_len].tolist() for s in starts]
     pieces = []
-    for i in range(cfg.distill_sequences):
-        start = int(rng.integers(0, len(stream) - prompt_len))
-        prompt = stream[start : start + prompt_len].tolist()
-        engine = SpeculativeEngine(target.model, None, SamplingConfig(), context_length=target.context_length)
-        engine.prefill(prompt)
-        out = [engine.step(gen_len - j).tokens[0] for j in range(gen_len)]
-        pieces.append(np.asarray(prompt + out, dtype=np.int32))
-        log(f"self-distill: {i + 1}/{cfg.distill_sequences} sequences")
+    for i in range(0, len(prompts), 64):
+        batch = prompts[i : i + 64]
+        result = batch_generate(target.model, target.tokenizer, batch, max_tokens=gen_len, return_token_ids=True)
+        pieces += [np.asarray(p + out, dtype=np.int32) for p, out in zip(batch, result.token_ids)]
+        log(f"self-distill: {min(i + 64, len(prompts))}/{len(prompts)} sequences")
     return np.concatenate(pieces)
 
 
