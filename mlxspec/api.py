@@ -14,6 +14,7 @@ from .engine import SpeculativeEngine
 from .errors import UserError
 from .loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, check_compatible, load_model
 from .sampling import SamplingConfig
+from .text import TextStream
 
 MAX_NUM_DRAFT = 64
 ADAPTIVE_MAX_DRAFT = 8  # the longest chain the adaptive controller may choose
@@ -177,7 +178,7 @@ class Speculator:
             from .healing import heal as heal_prompt
 
             tokens, healed_text, first_token_mask = heal_prompt(self.tokenizer, tokens)
-        stops = [s for s in (stop or []) if s]
+        stops = list(stop or [])
 
         drafter = self._make_drafter(sampling, num_draft, use_draft, tree_topk, lookup)
         controller = None
@@ -203,11 +204,7 @@ class Speculator:
         engine.prefill(tokens)
         stats.prompt_seconds = time.perf_counter() - start
 
-        eos = set(self.tokenizer.eos_token_ids or []) if stop_at_eos else set()
-        detokenizer = self.tokenizer.detokenizer
-        detokenizer.reset()
-        sent = len(healed_text)  # characters of detokenizer.text already yielded (the healed text was the user's)
-        hold = max((len(s) for s in stops), default=1) - 1  # text that might still grow into a stop string
+        text = TextStream(self.tokenizer, stops, stop_at_eos, skip=len(healed_text))
         start = time.perf_counter()
         finish = None
         while finish is None:
@@ -216,31 +213,19 @@ class Speculator:
             stats.drafted += step.drafted
             stats.accepted += step.accepted
             stats.tree_nodes = max(stats.tree_nodes, step.drafted + 1 if tree_topk > 1 else 0)
-            new_tokens = step.tokens
-            for i, token in enumerate(new_tokens):
-                if token in eos:
-                    new_tokens, finish = new_tokens[:i], "stop"
-                    break
-            for token in new_tokens:
-                detokenizer.add_token(token)
+            new_tokens, saw_eos = text.cut_at_eos(step.tokens)
             stats.generated_tokens += len(new_tokens)
             room = engine.room()  # positions left in the target's context; the next token needs one
-            if finish is None and (stats.generated_tokens >= max_tokens or (room is not None and room <= 0)):
+            if saw_eos:
+                finish = "stop"
+            elif stats.generated_tokens >= max_tokens or (room is not None and room <= 0):
                 finish = "length"
-            if finish is not None:
-                detokenizer.finalize()
-            text = detokenizer.text
-            cut = min(
-                (text.find(s, max(0, sent - hold)) for s in stops if s in text[max(0, sent - hold) :]), default=-1
-            )
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
-            end = len(text) if finish is not None else max(sent, len(text) - hold)
+            piece, stopped = text.add(new_tokens, final=finish is not None)
+            finish = "stop" if stopped else finish
             stats.generation_seconds = time.perf_counter() - start
             stats.draft_calls = drafter.calls if drafter is not None else 0
             stats.peak_memory_bytes = mx.get_peak_memory()
-            yield Chunk(text[sent:end], new_tokens, finish)
-            sent = end
+            yield Chunk(piece, new_tokens, finish)
 
     def draft_length_controller(self, max_draft: int):
         """Adaptive draft length from this device's measured cost curve (measured once, then cached)."""

@@ -106,3 +106,16 @@ def test_no_draft_is_plain_decoding(tiny_dirs):
     assert result.stats.drafted == 0 and result.stats.target_calls == len(result.tokens) + (
         result.finish_reason == "stop"
     )
+
+
+def test_text_stream_holds_back_a_possible_stop_string_across_steps(tiny_dirs):
+    from mlxspec.loading import load_model
+    from mlxspec.text import TextStream
+
+    tokenizer = load_model(tiny_dirs["target"]).tokenizer  # one character per token: a=0, b=1, c=2, d=3, e=4
+    stream = TextStream(tokenizer, stops=["cd"])
+    assert stream.add([0, 1, 2], final=False) == ("ab", False)  # "c" might start "cd": held back
+    assert stream.add([3, 4], final=False) == ("", True)  # "cd" arrived: nothing after "ab" is shown
+    stream = TextStream(tokenizer, stops=["cd"])
+    assert stream.add([0, 2], final=False) == ("a", False)
+    assert stream.add([4], final=True) == ("ce", False)  # "c" was not a stop after all, and the end is final
