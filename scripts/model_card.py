@@ -79,8 +79,8 @@ def main() -> None:
             out += [f"| {r['step']} | {r['tokens'] / 1e6:.1f}M | {r['minutes']:.1f} | {r['train_loss']:.3f} | "
                     f"{r['heldout_loss']:.3f} |" for r in logs[name]]
             out.append("")
-    if meta:
-        out += [meta.get("note", ""), ""]
+    if meta.get("note"):
+        out += [meta["note"], ""]
     if medusa:
         acc = medusa["topk_accuracy"]
         out += ["## Medusa heads (`medusa/`)", "",
@@ -89,6 +89,11 @@ def main() -> None:
                 "frozen; `medusa_config.json` records the base model's fingerprint, and loading refuses other bases.",
                 "", "| head | predicts | top-1 | top-5 |", "|---|---|---|---|"]
         out += [f"| {i + 1} | token t+{i + 2} | {a[0]:.3f} | {sum(a[:5]):.3f} |" for i, a in enumerate(acc)]
+        if meta.get("medusa_tau"):
+            taus = ", ".join(f"`{data}` {tau:.2f}" for data, tau in meta["medusa_tau"].items())
+            out += ["", f"Which data works better: heads trained for the same steps on each, greedy tokens per target "
+                    f"call of the Medusa chain on 8 held-out prompts: {taus} (`scripts/post_train.sh`, "
+                    "`runs/medusa-*-bench.txt`). The better ones ship."]
         out += ["", "Accuracy against the true next-next tokens of 64 held-out 256-token windows, as "
                 "`mlxspec train-medusa` reports it when it finishes:", "",
                 f"```bash\n{PRELOAD} mlxspec train-medusa --out models/medusa {meta.get('medusa_args', '')}\n```", ""]
