@@ -7,7 +7,7 @@ set -euo pipefail
 cat .gpu/cuda13.part_aa .whl/cuda13.part_ab > /tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
   .whl/mlx-0.32.4-*.whl .whl/mlx_lm-*.whl /tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MLXSPEC_NO_OPENBLAS=1
 python3 -c "import mlx.core as mx; print(mx.default_device(), mx.device_info())" | tee "$OUT/gpu_bench.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee -a "$OUT/gpu_bench.txt"
 python3 -m mlxspec.cli bench --model runs/gpu/target-4bit --draft runs/gpu/draft \
