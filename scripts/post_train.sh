@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # After scripts/train_all.sh's training: export, evaluate, train and compare Medusa heads (corpus vs self-distilled
-# data), ship the better heads, and write the model card. About 25 minutes on 2 cores.
+# data), ship the better heads, and write the model card. About 20 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 PYTHONUNBUFFERED=1
-bash scripts/export_models.sh
+[ "${SKIP_EXPORT:-}" ] || bash scripts/export_models.sh
 mkdir -p models/training_logs
 cp runs/target/log.jsonl models/training_logs/target.jsonl
 cp runs/draft/log.jsonl models/training_logs/draft.jsonl
-python scripts/eval_models.py
-steps=${MEDUSA_STEPS:-250}
+[ "${SKIP_EVAL:-}" ] || python scripts/eval_models.py
+steps=${MEDUSA_STEPS:-120}
 for data in corpus self-distill; do
   mlxspec train-medusa --out "runs/medusa-$data" --steps "$steps" --data "$data" 2> "runs/medusa-$data.log"
   tail -4 "runs/medusa-$data.log"
@@ -29,7 +29,8 @@ shutil.rmtree("models/medusa", ignore_errors=True)
 Path("models/medusa").mkdir(parents=True)
 for name in ("medusa.safetensors", "medusa_config.json"):
     shutil.copy(f"runs/medusa-{best}/{name}", f"models/medusa/{name}")
-meta = {"medusa_args": f"--steps 250 --data {best}", "medusa_tau": scores}
+import os
+meta = {"medusa_args": f"--steps {os.environ.get('MEDUSA_STEPS', '120')} --data {best}", "medusa_tau": scores}
 Path("models/training_logs/meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 PY
 python scripts/model_card.py
