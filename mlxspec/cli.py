@@ -287,7 +287,7 @@ def bench(
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise UserError("--plot needs matplotlib: pip install matplotlib") from None
+            raise UserError("--plot needs matplotlib: pip install -e '.[plot]'") from None
     num_drafts = num_drafts or (2, 4, 6)
     temps = temps or (0.0, 0.7)
     if medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():

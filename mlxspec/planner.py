@@ -282,7 +282,7 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"  max context, {name:16s} {ctx if ctx is not None else 'none fits'}")
     if plan.recommendations:
         lines.append("")
-        lines.append("what to change, cheapest first:")
+        lines.append("what to change, cheapest first:" if not plan.fits else "to fit a longer context, cheapest first:")
         for rec in plan.recommendations:
             verdict = "fits" if rec["fits"] else "still too big"
             lines.append(
