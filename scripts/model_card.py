@@ -52,7 +52,8 @@ def main() -> None:
                    f"{sizes[name]:.1f} MiB | {last.get('tokens', 0) / 1e6:.1f}M | "
                    f"{last.get('minutes', 0):.0f} min | {m[name]['heldout_loss']:.3f} nats/token |")
     out.append(f"| `target-4bit/` | the target, 4-bit (group 64) by `mlx_lm.convert -q` | same | "
-               f"{sizes['target-4bit']:.1f} MiB | - | - | {m['target-4bit']['heldout_loss']:.3f} nats/token |")
+               f"{sizes['target-4bit']:.1f} MiB | - | - | {m['target-4bit']['heldout_loss']:.3f} nats/token "
+               f"(every 6th window, {m['target-4bit']['scored_tokens']:,} tokens) |")
     out += ["", f"Held-out loss is the mean next-token cross-entropy over all {ev['heldout_tokens']:,} held-out tokens "
             "(every held-out file, 512-token windows), computed with MLX on the shipped weights, loaded as users "
             "load them (float32 on the CPU).", "",
@@ -60,7 +61,12 @@ def main() -> None:
             f"| loss gap (draft - target) | {ev['loss_gap_draft_minus_target']:.3f} nats/token | >= 0.3 |",
             f"| teacher-forced top-1 agreement, draft vs target | {ev['agreement_draft_target']:.3f} | >= 0.5 |",
             f"| teacher-forced top-1 agreement, draft vs 4-bit target | {ev['agreement_draft_target-4bit']:.3f} | |",
-            "", "Reproduce these numbers (about 2 minutes on 2 cores):", "",
+            "", "**The loss-gap bar is not met**: {:.3f} < 0.3 nats/token after ~80 CPU-minutes of training (20 for the "
+            "draft, 60 for the target; the curves below). The target's held-out loss was still falling when its "
+            "schedule ended, so a longer run should widen the gap; the agreement bar is met.".format(
+                ev["loss_gap_draft_minus_target"]) if ev["loss_gap_draft_minus_target"] < 0.3 else "",
+            "", "Reproduce these numbers (about 8 minutes on 2 cores, most of it the 4-bit target: MLX's CPU "
+            "`quantized_matmul` cost grows with rows):", "",
             f"```bash\n{PRELOAD} python scripts/eval_models.py   # writes models/eval.json\n"
             "python scripts/model_card.py                         # writes this file\n```", ""]
     out += ["## Training", "",
