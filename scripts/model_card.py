@@ -61,7 +61,8 @@ def main() -> None:
             f"| loss gap (draft - target) | {ev['loss_gap_draft_minus_target']:.3f} nats/token | >= 0.3 |",
             f"| teacher-forced top-1 agreement, draft vs target | {ev['agreement_draft_target']:.3f} | >= 0.5 |",
             f"| teacher-forced top-1 agreement, draft vs 4-bit target | {ev['agreement_draft_target-4bit']:.3f} | |",
-            "", "**The loss-gap bar is not met**: {:.3f} < 0.3 nats/token after ~80 CPU-minutes of training (20 for the "
+            "",
+            "**The loss-gap bar is not met**: {:.3f} < 0.3 nats/token after ~80 CPU-minutes of training (20 for the "
             "draft, 60 for the target; the curves below). The target's held-out loss was still falling when its "
             "schedule ended, so a longer run should widen the gap; the agreement bar is met.".format(
                 ev["loss_gap_draft_minus_target"]) if ev["loss_gap_draft_minus_target"] < 0.3 else "",
