@@ -100,7 +100,10 @@ def main() -> None:
             taus = ", ".join(f"`{data}` {tau:.2f}" for data, tau in meta["medusa_tau"].items())
             out += ["", f"Which data works better: heads trained for the same steps on each, greedy tokens per target "
                     f"call of the Medusa chain on 8 held-out prompts: {taus} (`scripts/post_train.sh`, "
-                    "`runs/medusa-*-bench.txt`). The better ones ship."]
+                    "`runs/medusa-*-bench.txt`). "
+                    + ("That is a tie within noise at this budget; the marginally better ones ship."
+                       if max(meta["medusa_tau"].values()) - min(meta["medusa_tau"].values()) < 0.05
+                       else "The better ones ship.")]
         out += ["", "Accuracy against the true next-next tokens of 64 held-out 256-token windows, as "
                 "`mlxspec train-medusa` reports it when it finishes:", "",
                 f"```bash\n{PRELOAD} mlxspec train-medusa --out models/medusa {meta.get('medusa_args', '')}\n```", ""]
