@@ -58,7 +58,7 @@ def test_embedded_greedy_equals_mlx_lm_greedy(num_draft):
     spec = mlxspec.load(num_draft=num_draft)
     _, heldout = split_files()
     for path in heldout[:3]:
-        prompt = spec.encode(read_text(path))[:64]
+        prompt = spec.tokenizer.encode(read_text(path))[:64]
         expected = mlx_lm_greedy(spec.target.model, prompt, 40)
         got = spec.generate(prompt, max_tokens=40, stop_at_eos=False).tokens
         assert_greedy_equal(spec.target.model, prompt, got, expected)
