@@ -16,6 +16,7 @@ for name in target draft target-4bit; do
   rm -f "$export_dir/$name/README.md"  # the converter's hub card; models/README.md is the model card
   # transformers 5 writes tokenizer_class "TokenizersBackend", which transformers 4 cannot load; keep the portable one.
   cp "$runs/tokenizer/tokenizer_config.json" "$export_dir/$name/tokenizer_config.json"
+  python scripts/shard_weights.py "$export_dir/$name" --max-mb 16  # no file over 16 MiB in the repository
   rm -rf "${models:?}/$name"
   mv "$export_dir/$name" "$models/$name"
 done
