@@ -110,11 +110,12 @@ class DraftModelDrafter:
         return Draft(mx.concatenate(tokens), None, TreeShape(tuple(parents)))
 
     def accept(self, emitted: list[int], drafted: list[int]) -> None:
-        chain = [drafted[i - 1] for i in self._chain_nodes]
-        if chain:
-            # The cache holds history + the chain's first K-1 tokens; keep what the emitted tokens confirm.
-            valid = len(self.history) + min(common_prefix(emitted, chain), len(chain) - 1)
-            rollback(self.cache, cache_offset(self.cache) - valid)
+        if self._chain_nodes:
+            # The cache holds history + the chain's first K-1 tokens; keep what the emitted tokens confirm. A draft
+            # the engine dropped unverified (no room left in the context) comes back empty: keep none of it.
+            chain = [drafted[i - 1] for i in self._chain_nodes if i - 1 < len(drafted)]
+            keep = min(common_prefix(emitted, chain), len(self._chain_nodes) - 1)
+            rollback(self.cache, cache_offset(self.cache) - (len(self.history) + keep))
         self.history.extend(emitted)
         self._chain_nodes = []
 

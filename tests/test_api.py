@@ -119,3 +119,13 @@ def test_text_stream_holds_back_a_possible_stop_string_across_steps(tiny_dirs):
     stream = TextStream(tokenizer, stops=["cd"])
     assert stream.add([0, 2], final=False) == ("a", False)
     assert stream.add([4], final=True) == ("ce", False)  # "c" was not a stop after all, and the end is final
+
+
+def test_a_tree_that_no_longer_fits_the_context_is_dropped_cleanly(tiny_dirs):
+    """Near the end of the context a 9-node tree cannot be verified; the step decodes plainly and stays exact."""
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3)
+    context = spec.target.context_length
+    prompt = ("abcdefg" * 10)[: context - 6]
+    tree = spec.generate(prompt, max_tokens=10, tree_topk=3, stop_at_eos=False)
+    plain = spec.generate(prompt, max_tokens=10, use_draft=False, stop_at_eos=False)
+    assert tree.tokens == plain.tokens and tree.finish_reason == "length"
