@@ -278,6 +278,8 @@ def bench(
     plot_path,
 ) -> None:
     """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts."""
+    import mlx.core as mx
+
     from . import bench as bench_module
     from .api import load
     from .costs import blas_in_use, fast_blas_hint
@@ -314,7 +316,7 @@ def bench(
     everything, by_temp = {}, {}
     click.echo(
         f"# {len(prompts)} prompts x {max_tokens} tokens, median of {repeats} passes; {blas_in_use()} BLAS, "
-        f"device {__import__('mlx.core').core.default_device()}"
+        f"device {mx.default_device()}"
     )
     for temp in temps:
         click.echo(f"\n## temperature {temp}" + (f", top-p {top_p}" if top_p < 1 else ""))

@@ -18,7 +18,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from .drafters import Draft
 from .errors import UserError
+from .trees import TreeShape
 
 CONFIG_FILE, WEIGHTS_FILE = "medusa_config.json", "medusa.safetensors"
 
@@ -165,24 +167,16 @@ class MedusaDrafter:
         """The target's final hidden state at the token before the pending one (lazy; no sync)."""
         self.hidden = hidden
 
-    def propose(self, num_tokens: int, key: mx.array):
-        from .drafters import Draft
-        from .trees import TreeShape
-
+    def propose(self, num_tokens: int, key: mx.array) -> Draft | None:
         if self.hidden is None:
             return None
         logits = self.heads(self.hidden, self.base_head)  # [H, V]
         top = mx.argsort(-logits, axis=-1)[:, : self.max_rank].astype(mx.int32)
-        depth = min(num_tokens, max(len(p) for p in self.paths))
-        keep = [i for i, p in enumerate(self.paths) if len(p) <= depth]
-        tokens = (
-            top[self.head_index, self.rank_index][mx.array(keep)]
-            if len(keep) < len(self.paths)
-            else top[self.head_index, self.rank_index]
-        )
-        parents = self.shape_parents[: len(keep) + 1]
+        # Paths are in BFS order, so the nodes no deeper than num_tokens are a prefix of them.
+        count = sum(len(p) <= num_tokens for p in self.paths)
+        tokens = top[self.head_index, self.rank_index][:count]
         self.calls += 1
-        return Draft(tokens, None, TreeShape(parents))
+        return Draft(tokens, None, TreeShape(self.shape_parents[: count + 1]))
 
     def accept(self, emitted: list[int], drafted: list[int]) -> None:
         pass  # the engine hands the new hidden state over through set_hidden
