@@ -36,6 +36,10 @@ def accept_chain(
     while all before it were accepted; then sample the next token from norm(max(0, p - q)) at the first rejection,
     or from p_{K+1} when all K were accepted.
     """
+    return _compiled_accept_chain(draft_tokens, draft_probs, target_probs, key, greedy)
+
+
+def _accept_chain(draft_tokens, draft_probs, target_probs, key, greedy):
     num_draft = draft_tokens.shape[0]
     accept_key, sample_key = mx.random.split(key)
     index = draft_tokens[:, None]
@@ -49,3 +53,19 @@ def accept_chain(
     )
     chosen = mx.take(candidates, num_accepted, axis=0)
     return num_accepted, sample(chosen, sample_key, greedy)
+
+
+# Compiled once per (K, V) shape: the acceptance math runs as a few fused kernels instead of ~20 separate ops.
+_compiled_accept_chain = mx.compile(_accept_chain)
+
+
+def accept_deterministic_chain(draft_tokens: mx.array, target_samples: mx.array) -> tuple[mx.array, mx.array]:
+    """Verify a deterministic chain (greedy drafts, prompt lookup): accept x_i while it equals the target's draw.
+
+    draft_tokens: [K] int32. target_samples: [K+1] int32, one draw from each of p_1..p_{K+1} (the argmax when
+    greedy). Returns (num_accepted [] int32, next_token [] int32). This is accept_chain with one-hot q: accept x_i
+    w.p. p_i(x_i), else draw from p_i with x_i removed; drawing y ~ p_i and keeping it when y != x_i is that law.
+    """
+    matches = (draft_tokens == target_samples[: draft_tokens.shape[0]]).astype(mx.int32)
+    num_accepted = mx.cumprod(matches).sum().astype(mx.int32)
+    return num_accepted, target_samples[num_accepted]

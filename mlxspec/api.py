@@ -215,10 +215,10 @@ class Speculator:
             stats.tree_nodes = max(stats.tree_nodes, step.drafted + 1 if tree_topk > 1 else 0)
             new_tokens, saw_eos = text.cut_at_eos(step.tokens)
             stats.generated_tokens += len(new_tokens)
-            room = engine.room()  # positions left in the target's context; the next token needs one
+            room = engine.room()  # positions left in the target's context after the pending token
             if saw_eos:
                 finish = "stop"
-            elif stats.generated_tokens >= max_tokens or (room is not None and room <= 0):
+            elif stats.generated_tokens >= max_tokens or (room is not None and room < 0):
                 finish = "length"
             piece, stopped = text.add(new_tokens, final=finish is not None)
             finish = "stop" if stopped else finish

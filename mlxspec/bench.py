@@ -123,34 +123,44 @@ def run_modes(
     seed: int = 0,
     progress: Callable[[str], None] = lambda s: None,
 ) -> list[ModeResult]:
-    """Warm each mode up once, then time `repeats` passes over all prompts; the first mode is the baseline."""
-    results = []
-    for name, fn in modes.items():
+    """Warm every mode up, then time `repeats` passes; each pass runs every mode over all prompts in turn.
+
+    Interleaving matters on a shared machine, whose speed drifts by 10-20% over minutes: drift then hits every
+    mode alike. The first mode is the baseline; speedup is the median over passes of the within-pass ratio.
+    """
+    for fn in modes.values():
         fn(prompts[0], 8, temperature, top_p, seed)  # warm-up: compile kernels, allocate caches
-        passes: list[list[Run]] = []
-        for r in range(repeats):
-            passes.append([fn(p, max_tokens, temperature, top_p, seed + 1000 * r + i) for i, p in enumerate(prompts)])
-            progress(f"{name}: pass {r + 1}/{repeats}")
-        rates = [sum(x.tokens for x in runs) / sum(x.seconds for x in runs) for runs in passes]
-        every = [x for runs in passes for x in runs]
+    passes: dict[str, list[list[Run]]] = {name: [] for name in modes}
+    for r in range(repeats):
+        for name, fn in modes.items():
+            passes[name].append(
+                [fn(p, max_tokens, temperature, top_p, seed + 1000 * r + i) for i, p in enumerate(prompts)]
+            )
+        progress(f"pass {r + 1}/{repeats}")
+    rates = {
+        name: [sum(x.tokens for x in runs) / sum(x.seconds for x in runs) for runs in mode_passes]
+        for name, mode_passes in passes.items()
+    }
+    base_rates = next(iter(rates.values()))
+    results = []
+    for name, mode_passes in passes.items():
+        every = [x for runs in mode_passes for x in runs]
         tokens, calls = sum(x.tokens for x in every), sum(x.target_calls for x in every)
         drafted, accepted = sum(x.drafted for x in every), sum(x.accepted for x in every)
         results.append(
             ModeResult(
                 mode=name,
-                tokens_per_second=statistics.median(rates),
-                tokens_per_second_min=min(rates),
-                tokens_per_second_max=max(rates),
+                tokens_per_second=statistics.median(rates[name]),
+                tokens_per_second_min=min(rates[name]),
+                tokens_per_second_max=max(rates[name]),
                 acceptance_rate=accepted / drafted if drafted else 0.0,
                 tokens_per_target_call=tokens / calls if calls else 0.0,
                 target_calls_per_token=calls / tokens if tokens else 0.0,
                 peak_memory_bytes=max(x.peak_memory_bytes for x in every),
+                speedup=statistics.median(rate / base for rate, base in zip(rates[name], base_rates)),
                 runs=[asdict(x) for x in every],
             )
         )
-    base = results[0].tokens_per_second
-    for result in results:
-        result.speedup = result.tokens_per_second / base if base else 0.0
     return results
 
 

@@ -84,28 +84,31 @@ class DraftModelDrafter:
             self.model(mx.array(todo)[None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
 
-    def propose(self, num_tokens: int, key: mx.array) -> Draft:
+    def propose(self, num_tokens: int, key: mx.array | None) -> Draft:
         inputs = mx.array(self._pending(), dtype=mx.int32)
-        keys = mx.random.split(key, num_tokens)
-        k = self.tree_topk
+        k, greedy = self.tree_topk, self.sampling.greedy
+        keys = None if greedy or k > 1 else mx.random.split(key, num_tokens)
         tokens, probs = [], []
         for i in range(num_tokens):
             logits = self.model(inputs[None], cache=self.cache)[0, -1]
-            q = to_probs(logits, self.sampling)
-            if k == 1:
-                token = sample(q, keys[i], self.sampling.greedy)
-                probs.append(q)
-                tokens.append(token[None])
-            else:  # top-k by the draft's logits (ties broken as argsort does); the first continues the chain
+            if k > 1:  # top-k by the draft's logits (ties broken as argsort does); the first continues the chain
                 top = mx.argsort(-logits.astype(mx.float32))[:k].astype(mx.int32)
                 token = top[0]
                 tokens.append(top)
+            elif greedy:  # a greedy chain is deterministic: its tokens are all the verifier needs
+                token = mx.argmax(logits).astype(mx.int32)
+                tokens.append(token[None])
+            else:
+                q = to_probs(logits, self.sampling)
+                token = sample(q, keys[i], False)
+                probs.append(q)
+                tokens.append(token[None])
             mx.async_eval(token)  # start the draft computing while Python builds the next call; not a sync
             inputs = token[None]
         self.calls += num_tokens
         self._chain_nodes = [1 + i * k for i in range(num_tokens)]
         if k == 1:
-            return Draft(mx.concatenate(tokens), mx.stack(probs))
+            return Draft(mx.concatenate(tokens), mx.stack(probs) if probs else None)
         parents = [-1] + [0 if i == 0 else 1 + (i - 1) * k for i in range(num_tokens) for _ in range(k)]
         return Draft(mx.concatenate(tokens), None, TreeShape(tuple(parents)))
 

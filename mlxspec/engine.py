@@ -8,13 +8,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from .acceptance import accept_chain
+from .acceptance import accept_chain, accept_deterministic_chain
 from .caches import cache_offset, make_speculative_cache, rollback
 from .drafters import Draft, Drafter
 from .medusa import forward_with_hidden
 from .sampling import SamplingConfig, sample, to_probs
 from .tree_attention import keep_tree_path, tree_verification
-from .trees import accept_tree
+from .trees import accept_tree_samples
 
 
 def to_host(values: mx.array) -> list[int]:
@@ -71,6 +71,8 @@ class SpeculativeEngine:
         # Medusa drafts from the target's own hidden states, so the target forward must return them.
         self.wants_hidden = getattr(drafter, "uses_target_hidden", False)
         self._hidden: mx.array | None = None
+        self._prefetched: mx.array | None = None  # [1, V] lazy logits of a queued plain forward (see _plain_step)
+        self._last_token = 0
 
     def prefill(self, prompt: list[int]) -> None:
         """Feed all but the last prompt token; the last one is verified together with the first draft."""
@@ -91,10 +93,11 @@ class SpeculativeEngine:
                 self.drafter.set_hidden(hidden)
 
     def room(self) -> int | None:
-        """How many more positions the target may process before its context is full."""
+        """Positions left in the target's context once the pending token is fed: drafts may use them, and a
+        negative value means no further token fits."""
         if self.context_length is None:
             return None
-        return self.context_length - cache_offset(self.cache)
+        return self.context_length - cache_offset(self.cache) - len(self.pending)
 
     def _mark(self, phase: str, *arrays) -> None:
         """Profiling only: finish `arrays`, charge the time since the last mark to `phase` (adds syncs)."""
@@ -108,18 +111,24 @@ class SpeculativeEngine:
     def step(self, max_new_tokens: int) -> StepResult:
         """One draft-verify-accept round emitting between 1 and (draft depth + 1) tokens, at most max_new_tokens."""
         self._mark_time = time.perf_counter()
-        self.key, draft_key, accept_key = mx.random.split(self.key, 3)
+        draft_key = accept_key = None
+        if not self.sampling.greedy:  # greedy steps draw nothing, so they split no keys
+            self.key, draft_key, accept_key = mx.random.split(self.key, 3)
         budget = self.num_draft if self.controller is None else min(self.num_draft, self.controller.next_length())
         budget = min(budget, max_new_tokens - 1)
         if self.first_token_mask is not None:
             budget = 0  # the constrained first token is decoded plainly
+        if budget > 0:
+            self._drop_prefetch()
         if self.room() is not None:
-            budget = min(budget, self.room() - len(self.pending))
+            budget = min(budget, self.room())
         draft = self.drafter.propose(budget, draft_key) if budget > 0 else None
-        if draft is not None and self.room() is not None and draft.tokens.shape[0] + 1 > self.room():
+        if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():
             draft = None  # no room in the context to verify it: decode one token instead
         self._mark("draft", None if draft is None else draft.tokens)
-        if draft is not None and draft.probs is not None:
+        if draft is None:
+            result = self._plain_step(accept_key, max_new_tokens)
+        elif draft.probs is not None:
             result = self._verify_sampled_chain(draft, accept_key)
         else:
             result = self._verify_deterministic(draft, accept_key)
@@ -130,11 +139,11 @@ class SpeculativeEngine:
             self.drafter.accept(result.tokens, self._drafted_host)
             if self.wants_hidden:  # the hidden state at the last kept node predicts past the new pending token
                 self.drafter.set_hidden(self._hidden[self._last_kept_node])
-        self.pending = [result.tokens[-1]]
         self._mark("bookkeeping")
         return result
 
-    def _target_probs(self, draft: Draft | None) -> mx.array:
+    def _target_logits(self, draft: Draft | None) -> mx.array:
+        """[N, V] target logits after the pending token and each drafted node; feeds them all to the cache."""
         inputs = mx.array(self.pending, dtype=mx.int32)
         if draft is not None:
             inputs = mx.concatenate([inputs, draft.tokens])
@@ -151,11 +160,48 @@ class SpeculativeEngine:
             )
             logits = mx.where(allowed, logits, -mx.inf)
             self.first_token_mask = None
-        return to_probs(logits, self.sampling)
+        return logits
+
+    def _target_samples(self, logits: mx.array, key: mx.array | None) -> mx.array:
+        """[N] one draw per row from the processed target distribution; the argmax when greedy."""
+        if self.sampling.greedy:
+            return mx.argmax(logits, axis=-1).astype(mx.int32)
+        return sample(to_probs(logits, self.sampling), key, False)
+
+    def _plain_step(self, key: mx.array | None, max_new_tokens: int) -> StepResult:
+        """One token with no draft. When the next step will be plain too, its forward is queued on this step's
+        lazy token before the sync, so graph building overlaps computing (as mlx-lm's generate_step does)."""
+        logits = self._prefetched if self._prefetched is not None else self._target_logits(None)
+        token = self._target_samples(logits[-1:], key)
+        self._mark("verify", token)
+        self._prefetched = None
+        free = None if self.context_length is None else self.context_length - cache_offset(self.cache)
+        if self._decodes_plainly() and max_new_tokens > 1 and (free is None or free > 0):
+            self._prefetched = self.target(token[None], cache=self.cache)[0]
+            mx.async_eval(self._prefetched)
+        value = to_host(token)[0]
+        self._mark("accept")
+        self._drafted_host, self._last_kept_node = [], -1
+        self.pending = [] if self._prefetched is not None else [value]
+        self._last_token = value
+        return StepResult([value], 0, 0)
+
+    def _decodes_plainly(self) -> bool:
+        """Whether every later step is certain to be plain decoding (no drafter, or one that cannot pay)."""
+        if self.wants_hidden or self.first_token_mask is not None:
+            return False
+        return self.drafter is None or (self.controller is not None and not self.controller.can_win)
+
+    def _drop_prefetch(self) -> None:
+        """Undo a queued plain forward (only if plans changed): the last token becomes pending again."""
+        if self._prefetched is not None:
+            self._prefetched = None
+            rollback(self.cache, 1)
+            self.pending = [self._last_token]
 
     def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
         num_draft = draft.tokens.shape[0]
-        target_probs = self._target_probs(draft)
+        target_probs = to_probs(self._target_logits(draft), self.sampling)
         self._mark("verify", target_probs)
         vocab = max(target_probs.shape[-1], draft.probs.shape[-1])
         num_accepted, next_token = accept_chain(
@@ -166,28 +212,35 @@ class SpeculativeEngine:
         self._mark("accept")
         self._last_kept_node = num_accepted
         rollback(self.cache, num_draft - num_accepted)
+        self.pending = [next_token]
         return StepResult(self._drafted_host[:num_accepted] + [next_token], num_draft, num_accepted)
 
-    def _verify_deterministic(self, draft: Draft | None, key: mx.array) -> StepResult:
-        """Plain decoding when draft is None; else a deterministic chain or tree, verified node by node."""
-        if draft is None:
-            probs = self._target_probs(None)
-            self._mark("verify", probs)
-            self._drafted_host, self._last_kept_node = [], -1
-            token = to_host(sample(probs[-1], key, self.sampling.greedy)[None])[0]
-            self._mark("accept")
-            return StepResult([token], 0, 0)
+    def _verify_deterministic(self, draft: Draft, key: mx.array | None) -> StepResult:
+        """A deterministic chain or tree (greedy drafts, prompt lookup, top-k trees, Medusa), verified node by node.
+
+        A chain needs no tree machinery: the causal mask is its ancestor mask and rollback is moving the offset."""
         shape, prefix = draft.tree, cache_offset(self.cache)
-        with tree_verification(self.target, self.cache, shape, prefix):
-            probs = self._target_probs(draft)
-        self._mark("verify", probs)
-        node_tokens = mx.concatenate([mx.array(self.pending, dtype=mx.int32), draft.tokens])
-        parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
-        deepest, next_token = accept_tree(node_tokens, parents, probs, key, shape.max_depth, self.sampling.greedy)
+        if shape.is_chain:
+            logits = self._target_logits(draft)
+        else:
+            with tree_verification(self.target, self.cache, shape, prefix):
+                logits = self._target_logits(draft)
+        samples = self._target_samples(logits, key)
+        self._mark("verify", samples)
+        if shape.is_chain:
+            deepest, next_token = accept_deterministic_chain(draft.tokens, samples)
+        else:
+            node_tokens = mx.concatenate([mx.array(self.pending, dtype=mx.int32), draft.tokens])
+            parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
+            deepest, next_token = accept_tree_samples(node_tokens, parents, samples, shape.max_depth)
         values = to_host(mx.concatenate([deepest[None], next_token[None], draft.tokens]))
         deepest, next_token, self._drafted_host = values[0], values[1], values[2:]
         self._mark("accept")
         self._last_kept_node = deepest
         path = shape.path_to(deepest)
-        keep_tree_path(self.cache, prefix, [0, *path])
+        if shape.is_chain:
+            rollback(self.cache, shape.size - 1 - deepest)
+        else:
+            keep_tree_path(self.cache, prefix, [0, *path])
+        self.pending = [next_token]
         return StepResult([self._drafted_host[i - 1] for i in path] + [next_token], shape.size - 1, len(path))

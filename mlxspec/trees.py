@@ -32,6 +32,10 @@ class TreeShape:
         return tuple(depths)
 
     @property
+    def is_chain(self) -> bool:
+        return self.parents == tuple(range(-1, self.size - 1))
+
+    @property
     def max_depth(self) -> int:
         return max(self.depths)
 
@@ -75,7 +79,13 @@ def accept_tree(
     candidates this is recursive rejection sampling with one-hot q (accept x_j w.p. p_res(x_j), else remove it), so
     the output is exactly the target's law; with greedy probs (one-hot argmax) it is the longest argmax-matching path.
     """
-    samples = sample(target_probs, key, greedy)  # rows are independent draws
+    return accept_tree_samples(tokens, parents, sample(target_probs, key, greedy), max_depth)
+
+
+def accept_tree_samples(
+    tokens: mx.array, parents: mx.array, samples: mx.array, max_depth: int
+) -> tuple[mx.array, mx.array]:
+    """accept_tree given the target's draw at every node: samples [N] int32 (argmax when greedy)."""
     matches = tokens == samples[parents]
     is_root = mx.arange(tokens.shape[0]) == 0
     reached = is_root

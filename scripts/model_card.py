@@ -28,85 +28,136 @@ def main() -> None:
     m = ev["models"]
     configs = {n: json.loads((MODELS / n / "config.json").read_text()) for n in ("target", "draft")}
     logs = {n: read_log(n) for n in ("target", "draft")}
-    sizes = {n: sum(f.stat().st_size for f in (MODELS / n).rglob("*") if f.is_file()) / 2**20
-             for n in ("target", "target-4bit", "draft", "medusa") if (MODELS / n).exists()}
+    sizes = {
+        n: sum(f.stat().st_size for f in (MODELS / n).rglob("*") if f.is_file()) / 2**20
+        for n in ("target", "target-4bit", "draft", "medusa")
+        if (MODELS / n).exists()
+    }
     medusa = json.loads((MODELS / "medusa" / "medusa_config.json").read_text()) if "medusa" in sizes else None
     meta = json.loads((LOGS / "meta.json").read_text()) if (LOGS / "meta.json").exists() else {}
 
     def arch(name: str) -> str:
         c = configs[name]
-        return (f"llama, {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads "
-                f"({c['num_key_value_heads']} KV), MLP {c['intermediate_size']}, vocab {c['vocab_size']}, "
-                f"context {c['max_position_embeddings']}, tied embeddings")
+        return (
+            f"llama, {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads "
+            f"({c['num_key_value_heads']} KV), MLP {c['intermediate_size']}, vocab {c['vocab_size']}, "
+            f"context {c['max_position_embeddings']}, tied embeddings"
+        )
 
-    out = ["# The embedded model family", "",
-           "Trained from scratch, offline, on the Python standard library of the interpreter that ran the scripts "
-           "(CPython 3.11.7; `sysconfig.get_paths()['stdlib']`, without `test/`, `tests/`, `idlelib/` and "
-           "`site-packages`). About 5% of files are held out by a hash of their path "
-           "(`mlxspec.corpus.is_heldout`); the list is in [`heldout_files.txt`](heldout_files.txt).", "",
-           "| model | architecture | parameters | on disk | tokens seen | training time | held-out loss |",
-           "|---|---|---|---|---|---|---|"]
+    out = [
+        "# The embedded model family",
+        "",
+        "Trained from scratch, offline, on the Python standard library of the interpreter that ran the scripts "
+        "(CPython 3.11.7; `sysconfig.get_paths()['stdlib']`, without `test/`, `tests/`, `idlelib/` and "
+        "`site-packages`). About 5% of files are held out by a hash of their path "
+        "(`mlxspec.corpus.is_heldout`); the list is in [`heldout_files.txt`](heldout_files.txt).",
+        "",
+        "| model | architecture | parameters | on disk | tokens seen | training time | held-out loss |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name in ("target", "draft"):
         last = logs[name][-1] if logs[name] else {}
-        out.append(f"| `{name}/` (bf16) | {arch(name)} | {m[name]['stored_parameters'] / 1e6:.2f}M | "
-                   f"{sizes[name]:.1f} MiB | {last.get('tokens', 0) / 1e6:.1f}M | "
-                   f"{last.get('minutes', 0):.0f} min | {m[name]['heldout_loss']:.3f} nats/token |")
-    out.append(f"| `target-4bit/` | the target, 4-bit (group 64) by `mlx_lm.convert -q` | same | "
-               f"{sizes['target-4bit']:.1f} MiB | - | - | {m['target-4bit']['heldout_loss']:.3f} nats/token "
-               f"(every 6th window, {m['target-4bit']['scored_tokens']:,} tokens) |")
-    out += ["", f"Held-out loss is the mean next-token cross-entropy over all {ev['heldout_tokens']:,} held-out tokens "
-            "(every held-out file, 512-token windows), computed with MLX on the shipped weights, loaded as users "
-            "load them (float32 on the CPU).", "",
-            "| draft vs target | value | bar |", "|---|---|---|",
-            f"| loss gap (draft - target) | {ev['loss_gap_draft_minus_target']:.3f} nats/token | >= 0.3 |",
-            f"| teacher-forced top-1 agreement, draft vs target | {ev['agreement_draft_target']:.3f} | >= 0.5 |",
-            f"| teacher-forced top-1 agreement, draft vs 4-bit target | {ev['agreement_draft_target-4bit']:.3f} | |",
-            "",
-            "**The loss-gap bar is not met**: {:.3f} < 0.3 nats/token after ~80 CPU-minutes of training (20 for the "
-            "draft, 60 for the target; the curves below). The target's held-out loss was still falling when its "
-            "schedule ended, so a longer run should widen the gap; the agreement bar is met.".format(
-                ev["loss_gap_draft_minus_target"]) if ev["loss_gap_draft_minus_target"] < 0.3 else "",
-            "", "Reproduce these numbers (about 8 minutes on 2 cores, most of it the 4-bit target: MLX's CPU "
-            "`quantized_matmul` cost grows with rows):", "",
-            f"```bash\n{PRELOAD} python scripts/eval_models.py   # writes models/eval.json\n"
-            "python scripts/model_card.py                         # writes this file\n```", ""]
-    out += ["## Training", "",
-            "Tokenizer: byte-level BPE (HF `tokenizers`), 4096 tokens with `<|endoftext|>` as BOS/EOS, trained on the "
-            "training files; it round-trips code exactly, whitespace included (tested). Base models: HF "
-            "`LlamaForCausalLM` in PyTorch 2.13 on the CPU with bf16 autocast, AdamW (0.9, 0.95), weight decay 0.1, "
-            "cosine schedule with warm-up, batch 16 x 512 tokens, seed 0, random windows over the training stream; "
-            "the checkpoint with the best held-out loss (48 fixed windows, every 100 steps) is kept, then converted "
-            "with `mlx_lm.convert` (bf16, and 4-bit for `target-4bit`).", "",
-            "```bash\npip install -e \".[train]\"      # torch==2.13.0 (CPU, from the local wheel) and transformers\n"
-            "bash scripts/train_all.sh       # tokenizer, draft, target, export; resumable\n```", ""]
+        out.append(
+            f"| `{name}/` (bf16) | {arch(name)} | {m[name]['stored_parameters'] / 1e6:.2f}M | "
+            f"{sizes[name]:.1f} MiB | {last.get('tokens', 0) / 1e6:.1f}M | "
+            f"{last.get('minutes', 0):.0f} min | {m[name]['heldout_loss']:.3f} nats/token |"
+        )
+    out.append(
+        f"| `target-4bit/` | the target, 4-bit (group 64) by `mlx_lm.convert -q` | same | "
+        f"{sizes['target-4bit']:.1f} MiB | - | - | {m['target-4bit']['heldout_loss']:.3f} nats/token "
+        f"(every 6th window, {m['target-4bit']['scored_tokens']:,} tokens) |"
+    )
+    out += [
+        "",
+        f"Held-out loss is the mean next-token cross-entropy over all {ev['heldout_tokens']:,} held-out tokens "
+        "(every held-out file, 512-token windows), computed with MLX on the shipped weights, loaded as users "
+        "load them (float32 on the CPU).",
+        "",
+        "| draft vs target | value | bar |",
+        "|---|---|---|",
+        f"| loss gap (draft - target) | {ev['loss_gap_draft_minus_target']:.3f} nats/token | >= 0.3 |",
+        f"| teacher-forced top-1 agreement, draft vs target | {ev['agreement_draft_target']:.3f} | >= 0.5 |",
+        f"| teacher-forced top-1 agreement, draft vs 4-bit target | {ev['agreement_draft_target-4bit']:.3f} | |",
+        "",
+        "**The loss-gap bar is not met**: {:.3f} < 0.3 nats/token after ~80 CPU-minutes of training (20 for the "
+        "draft, 60 for the target; the curves below). The target's held-out loss was still falling when its "
+        "schedule ended, so a longer run should widen the gap; the agreement bar is met.".format(
+            ev["loss_gap_draft_minus_target"]
+        )
+        if ev["loss_gap_draft_minus_target"] < 0.3
+        else "",
+        "",
+        "Reproduce these numbers (about 8 minutes on 2 cores, most of it the 4-bit target: MLX's CPU "
+        "`quantized_matmul` cost grows with rows):",
+        "",
+        f"```bash\n{PRELOAD} python scripts/eval_models.py   # writes models/eval.json\n"
+        "python scripts/model_card.py                         # writes this file\n```",
+        "",
+    ]
+    out += [
+        "## Training",
+        "",
+        "Tokenizer: byte-level BPE (HF `tokenizers`), 4096 tokens with `<|endoftext|>` as BOS/EOS, trained on the "
+        "training files; it round-trips code exactly, whitespace included (tested). Base models: HF "
+        "`LlamaForCausalLM` in PyTorch 2.13 on the CPU with bf16 autocast, AdamW (0.9, 0.95), weight decay 0.1, "
+        "cosine schedule with warm-up, batch 16 x 512 tokens, seed 0, random windows over the training stream; "
+        "the checkpoint with the best held-out loss (48 fixed windows, every 100 steps) is kept, then converted "
+        "with `mlx_lm.convert` (bf16, and 4-bit for `target-4bit`).",
+        "",
+        '```bash\npip install -e ".[train]"      # torch==2.13.0 (CPU, from the local wheel) and transformers\n'
+        "bash scripts/train_all.sh       # tokenizer, draft, target, export; resumable\n```",
+        "",
+    ]
     for name in ("target", "draft"):
         if logs[name]:
-            out += [f"{name} held-out loss during training (48-window estimate):", "",
-                    "| step | tokens | minutes | train loss | held-out loss |", "|---|---|---|---|---|"]
-            out += [f"| {r['step']} | {r['tokens'] / 1e6:.1f}M | {r['minutes']:.1f} | {r['train_loss']:.3f} | "
-                    f"{r['heldout_loss']:.3f} |" for r in logs[name]]
+            out += [
+                f"{name} held-out loss during training (48-window estimate):",
+                "",
+                "| step | tokens | minutes | train loss | held-out loss |",
+                "|---|---|---|---|---|",
+            ]
+            out += [
+                f"| {r['step']} | {r['tokens'] / 1e6:.1f}M | {r['minutes']:.1f} | {r['train_loss']:.3f} | "
+                f"{r['heldout_loss']:.3f} |"
+                for r in logs[name]
+            ]
             out.append("")
     if meta.get("note"):
         out += [meta["note"], ""]
     if medusa:
         acc = medusa["topk_accuracy"]
-        out += ["## Medusa heads (`medusa/`)", "",
-                f"{medusa['num_heads']} residual SiLU heads on the target's final hidden state, sharing the target's "
-                f"(tied) LM head; {sizes['medusa']:.1f} MiB. Trained on `{medusa['data']}` data with the target "
-                "frozen; `medusa_config.json` records the base model's fingerprint, and loading refuses other bases.",
-                "", "| head | predicts | top-1 | top-5 |", "|---|---|---|---|"]
+        out += [
+            "## Medusa heads (`medusa/`)",
+            "",
+            f"{medusa['num_heads']} residual SiLU heads on the target's final hidden state, sharing the target's "
+            f"(tied) LM head; {sizes['medusa']:.1f} MiB. Trained on `{medusa['data']}` data with the target "
+            "frozen; `medusa_config.json` records the base model's fingerprint, and loading refuses other bases.",
+            "",
+            "| head | predicts | top-1 | top-5 |",
+            "|---|---|---|---|",
+        ]
         out += [f"| {i + 1} | token t+{i + 2} | {a[0]:.3f} | {sum(a[:5]):.3f} |" for i, a in enumerate(acc)]
         if meta.get("medusa_tau"):
             taus = ", ".join(f"`{data}` {tau:.2f}" for data, tau in meta["medusa_tau"].items())
-            out += ["", f"Which data works better: heads trained for the same steps on each, greedy tokens per target "
-                    f"call of the Medusa chain on 8 held-out prompts: {taus} (`scripts/post_train.sh`, "
-                    "`runs/medusa-*-bench.txt`). "
-                    + ("That is a tie within noise at this budget; the marginally better ones ship."
-                       if max(meta["medusa_tau"].values()) - min(meta["medusa_tau"].values()) < 0.05
-                       else "The better ones ship.")]
-        out += ["", "Accuracy against the true next-next tokens of 64 held-out 256-token windows, as "
-                "`mlxspec train-medusa` reports it when it finishes:", "",
-                f"```bash\n{PRELOAD} mlxspec train-medusa --out models/medusa {meta.get('medusa_args', '')}\n```", ""]
+            out += [
+                "",
+                f"Which data works better: heads trained for the same steps on each, greedy tokens per target "
+                f"call of the Medusa chain on 8 held-out prompts: {taus} (`scripts/post_train.sh`, "
+                "`runs/medusa-*-bench.txt`). "
+                + (
+                    "That is a tie within noise at this budget; the marginally better ones ship."
+                    if max(meta["medusa_tau"].values()) - min(meta["medusa_tau"].values()) < 0.05
+                    else "The better ones ship."
+                ),
+            ]
+        out += [
+            "",
+            "Accuracy against the true next-next tokens of 64 held-out 256-token windows, as "
+            "`mlxspec train-medusa` reports it when it finishes:",
+            "",
+            f"```bash\n{PRELOAD} mlxspec train-medusa --out models/medusa {meta.get('medusa_args', '')}\n```",
+            "",
+        ]
     (MODELS / "README.md").write_text("\n".join(out) + "\n")
     heldout = [p.relative_to(stdlib_root()).as_posix() for p in split_files()[1]]
     (MODELS / "heldout_files.txt").write_text("\n".join(heldout) + "\n")

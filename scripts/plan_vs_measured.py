@@ -70,10 +70,18 @@ def main() -> None:
     }
     # Built one pair at a time: weights of a pair not under test must not sit in its peak.
     pairs = {
-        "embedded target + draft": lambda: (load_model(DEFAULT_TARGET).model, load_model(DEFAULT_DRAFT).model,
-                                            load_metadata(str(DEFAULT_TARGET)), load_metadata(str(DEFAULT_DRAFT))),
-        "Qwen2.5-0.5B (random) + 2-layer draft": lambda: (random_model(qwen.config), random_model(draft_config), qwen,
-                                                          ModelMetadata("qwen-draft", draft_config, None, "random")),
+        "embedded target + draft": lambda: (
+            load_model(DEFAULT_TARGET).model,
+            load_model(DEFAULT_DRAFT).model,
+            load_metadata(str(DEFAULT_TARGET)),
+            load_metadata(str(DEFAULT_DRAFT)),
+        ),
+        "Qwen2.5-0.5B (random) + 2-layer draft": lambda: (
+            random_model(qwen.config),
+            random_model(draft_config),
+            qwen,
+            ModelMetadata("qwen-draft", draft_config, None, "random"),
+        ),
     }
     rows = []
     for name, build in pairs.items():

@@ -1,6 +1,6 @@
 """Split a model directory's weights into safetensors shards of at most --max-mb (mlx-lm loads model*.safetensors).
 
-    python scripts/shard_weights.py models/target --max-mb 16
+python scripts/shard_weights.py models/target --max-mb 16
 """
 
 from __future__ import annotations

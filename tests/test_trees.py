@@ -162,7 +162,16 @@ def test_tree_and_medusa_samples_follow_the_target_on_every_family(family):
         counts = np.zeros([8] * length)
         for seed in range(1500):
             drafter = make()
-            out = speculative_tokens(target, draft if drafter is None else None, prompt, length, num_draft=2,
-                                     sampling=sampling, seed=seed, tree_topk=3, drafter=drafter)
+            out = speculative_tokens(
+                target,
+                draft if drafter is None else None,
+                prompt,
+                length,
+                num_draft=2,
+                sampling=sampling,
+                seed=seed,
+                tree_topk=3,
+                drafter=drafter,
+            )
             counts[tuple(out)] += 1
         assert chi_square_pvalue(counts, expected) > ALPHA
