@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 from stats import ALPHA, chi_square_pvalue
 
-from mlxspec.acceptance import accept_chain, residual_distribution
+from mlxspec.acceptance import accept_chain, accept_deterministic_chain, residual_distribution
 from mlxspec.sampling import SamplingConfig, to_probs
+from mlxspec.trees import TreeShape, accept_tree_samples
 
 
 def random_dist(rng, vocab, zeros=0):
@@ -102,3 +103,23 @@ def test_chain_rejects_after_first_rejection_even_if_later_tokens_match():
     q = mx.array(np.eye(vocab, dtype=np.float32)[drafted])
     n, nxt = accept_chain(mx.array(drafted, mx.int32), q, p, mx.random.key(0), greedy=True)
     assert (n.item(), nxt.item()) == (0, 1)
+
+
+def test_deterministic_chain_agrees_with_one_hot_leviathan_and_with_the_tree_verifier():
+    """Greedy: the same (accepted, next) as accept_chain with one-hot q and p; any draws: the same as accept_tree
+    on a chain shape. 300 random cases over K = 1..6 and a vocab of 4 (so prefixes often match)."""
+    rng = np.random.default_rng(0)
+    vocab = 4
+    for _ in range(300):
+        k = int(rng.integers(1, 7))
+        drafted = rng.integers(0, vocab, k).astype(np.int32)
+        samples = rng.integers(0, vocab, k + 1).astype(np.int32)
+        n, nxt = accept_deterministic_chain(mx.array(drafted), mx.array(samples))
+        one_hot_q = mx.array(np.eye(vocab, dtype=np.float32)[drafted])
+        one_hot_p = mx.array(np.eye(vocab, dtype=np.float32)[samples])
+        ref_n, ref_next = accept_chain(mx.array(drafted), one_hot_q, one_hot_p, mx.random.key(0), greedy=True)
+        shape = TreeShape.chain(k)
+        parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
+        nodes = mx.array([9, *drafted.tolist()], dtype=mx.int32)  # node 0 is the root; its token is never compared
+        tree_n, tree_next = accept_tree_samples(nodes, parents, mx.array(samples), shape.max_depth)
+        assert (n.item(), nxt.item()) == (ref_n.item(), ref_next.item()) == (tree_n.item(), tree_next.item())

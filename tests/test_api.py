@@ -129,3 +129,17 @@ def test_a_tree_that_no_longer_fits_the_context_is_dropped_cleanly(tiny_dirs):
     tree = spec.generate(prompt, max_tokens=10, tree_topk=3, stop_at_eos=False)
     plain = spec.generate(prompt, max_tokens=10, use_draft=False, stop_at_eos=False)
     assert tree.tokens == plain.tokens and tree.finish_reason == "length"
+
+
+def test_every_mode_fills_the_context_to_the_same_last_token(tiny_dirs):
+    """At the end of the context plain decoding (which queues its next forward) and drafting stop at the same
+    place: the last token fits when every token before it has a position (context - prompt + 1 tokens)."""
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3)
+    context = spec.target.context_length
+    prompt = spec.encode(("abcdefg" * 10)[: context - 9])
+    plain = spec.generate(prompt, max_tokens=50, use_draft=False, stop_at_eos=False)
+    drafted = spec.generate(prompt, max_tokens=50, stop_at_eos=False)
+    looked_up = spec.generate(prompt, max_tokens=50, use_draft=False, lookup=True, stop_at_eos=False)
+    assert len(plain.tokens) == context - len(prompt) + 1 and plain.finish_reason == "length"
+    assert drafted.tokens == plain.tokens == looked_up.tokens
+    assert plain.tokens == mlx_lm_greedy(spec.target.model, prompt, len(plain.tokens))

@@ -101,6 +101,26 @@ def test_one_host_sync_per_step(monkeypatch):
     assert set(syncs) == {"to_host", "tolist"} and syncs.count("tolist") == 6  # to_host's own tolist, nothing else
 
 
+def test_plain_decoding_queues_its_next_forward_with_one_sync_per_step(monkeypatch):
+    """No drafter: each step queues the next token's forward before syncing, still one host sync per step, and the
+    tokens are mlx-lm's greedy ones."""
+    from mlxspec.engine import SpeculativeEngine
+
+    target = make_tiny("llama", seed=0)
+    engine = SpeculativeEngine(target, None, SamplingConfig(), seed=0)
+    engine.prefill(PROMPTS[1])
+    syncs = []
+    original_to_host = engine_module.to_host
+    monkeypatch.setattr(engine_module, "to_host", lambda a: syncs.append("to_host") or original_to_host(a))
+    monkeypatch.setattr(mx, "eval", lambda *a: syncs.append("eval"))
+    out = []
+    for _ in range(12):
+        out += engine.step(100).tokens
+        assert engine._prefetched is not None and engine.pending == []  # the next forward is already queued
+    assert syncs == ["to_host"] * 12
+    assert out == mlx_lm_greedy(target, PROMPTS[1], 12)
+
+
 # ---- distribution tests: enumerate the exact joint law of the first three tokens (vocab 8) ----
 
 
