@@ -80,3 +80,42 @@ def test_empty_and_too_long_prompts_are_refused(tiny_dirs):
         proc = run_cli("generate", prompt, "--model", tiny_dirs["target"])
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({}, {"LD_PRELOAD": "OPENBLAS", "OPENBLAS_THREAD_TIMEOUT": "4"}),
+        ({"LD_PRELOAD": "/x/libblas.so.3"}, {"LD_PRELOAD": "/x/libblas.so.3", "OPENBLAS_THREAD_TIMEOUT": "4"}),
+        ({"OPENBLAS_THREAD_TIMEOUT": "10"}, {"LD_PRELOAD": "OPENBLAS", "OPENBLAS_THREAD_TIMEOUT": "10"}),
+        ({"LD_PRELOAD": "/x/libblas.so.3", "OPENBLAS_THREAD_TIMEOUT": "10"}, None),
+        ({"MLXSPEC_NO_OPENBLAS": "1"}, None),
+    ],
+    ids=["fresh", "preloaded", "user-timeout", "all-set", "opt-out"],
+)
+def test_reexec_adds_openblas_and_its_thread_timeout_once(monkeypatch, environ, expected):
+    """The CLI re-executes itself at most once, adding only what the environment lacks and keeping what the user
+    set; the library's presence is faked so this runs on machines without OpenBLAS too."""
+    import ctypes
+    import os
+
+    from mlxspec import cli
+
+    for name in ("LD_PRELOAD", "OPENBLAS_THREAD_TIMEOUT", "MLXSPEC_NO_OPENBLAS", "_MLXSPEC_REEXEC"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(os.path, "exists", lambda path: path.endswith("openblas-pthread/libblas.so.3"))
+    monkeypatch.setattr(ctypes, "CDLL", lambda path: None)
+    calls = []
+    monkeypatch.setattr(os, "execve", lambda exe, args, env: calls.append(env))
+    cli.reexec_with_openblas(["mlxspec", "bench"])
+    cli.reexec_with_openblas(["mlxspec", "plan"])  # planning computes nothing: never re-executed
+    if expected is None:
+        assert calls == []
+        return
+    assert len(calls) == 1 and calls[0]["_MLXSPEC_REEXEC"] == "1"
+    for name, value in expected.items():
+        got = calls[0][name]
+        assert got.endswith("openblas-pthread/libblas.so.3") if value == "OPENBLAS" else got == value
