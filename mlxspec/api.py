@@ -152,12 +152,14 @@ class Speculator:
         tree_topk: int = 1,
         tree_nodes: int | None = None,
         lookup: bool = False,
+        lookup_candidates: int = 1,
         heal: bool = False,
     ) -> Iterator[Chunk]:
         """Yield text as the target accepts it. Stats of the run land in `self.last_stats` as it goes.
 
         tree_topk > 1 drafts a tree with the draft model (top-k alternatives at each depth); tree_nodes caps its
-        nodes. lookup=True drafts by prompt lookup, falling back to the draft model when the text does not repeat.
+        nodes. lookup=True drafts by prompt lookup, falling back to the draft model when the text does not repeat;
+        lookup_candidates > 1 verifies that many distinct continuations as one tree.
         heal=True backs the prompt up one token and makes the first token extend it (token healing).
         """
         sampling = SamplingConfig(temperature, top_p, top_k, min_p)
@@ -180,7 +182,9 @@ class Speculator:
             tokens, healed_text, first_token_mask = heal_prompt(self.tokenizer, tokens)
         stops = list(stop or [])
 
-        drafter = self._make_drafter(sampling, num_draft, use_draft, tree_topk, lookup)
+        if lookup_candidates < 1:
+            raise UserError(f"lookup_candidates {lookup_candidates} must be at least 1")
+        drafter = self._make_drafter(sampling, num_draft, use_draft, tree_topk, lookup, lookup_candidates)
         controller = None
         if adaptive and isinstance(drafter, DraftModelDrafter) and tree_topk == 1:
             controller = self.draft_length_controller(num_draft)
@@ -192,7 +196,7 @@ class Speculator:
             seed=seed,
             kv_bits=self.kv_bits,
             context_length=self.target.context_length,
-            max_nodes=num_draft * tree_topk,
+            max_nodes=num_draft * max(tree_topk, lookup_candidates if lookup else 1),
             controller=controller,
         )
         engine.first_token_mask = first_token_mask
@@ -237,7 +241,13 @@ class Speculator:
         return DraftLengthController(curve, max_draft)
 
     def _make_drafter(
-        self, sampling: SamplingConfig, num_draft: int, use_draft: bool, tree_topk: int, lookup: bool
+        self,
+        sampling: SamplingConfig,
+        num_draft: int,
+        use_draft: bool,
+        tree_topk: int,
+        lookup: bool,
+        lookup_candidates: int = 1,
     ) -> Drafter | None:
         model_drafter = None
         if use_draft and self.medusa is not None:
@@ -258,9 +268,8 @@ class Speculator:
         elif tree_topk > 1:
             raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
         if lookup:
-            return (
-                LookupThenModelDrafter(PromptLookupDrafter(), model_drafter) if model_drafter else PromptLookupDrafter()
-            )
+            lookup_drafter = PromptLookupDrafter(max_candidates=lookup_candidates)
+            return LookupThenModelDrafter(lookup_drafter, model_drafter) if model_drafter else lookup_drafter
         return model_drafter
 
     def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:

@@ -207,7 +207,11 @@ def build_modes(
             speculator, num_draft=tree_depth, tree_topk=tree_topk
         )
     if "lookup" in families:
-        modes["mlxspec lookup k=4"] = mlxspec_mode(speculator, use_draft=False, lookup=True, num_draft=4)
+        for k in (4, 8):
+            modes[f"mlxspec lookup k={k}"] = mlxspec_mode(speculator, use_draft=False, lookup=True, num_draft=k)
+        modes["mlxspec lookup tree 3x8"] = mlxspec_mode(
+            speculator, use_draft=False, lookup=True, num_draft=8, lookup_candidates=3
+        )
         if draft is not None:
             modes["mlxspec lookup+draft k=4"] = mlxspec_mode(speculator, lookup=True, num_draft=4)
     if medusa_heads is not None and "medusa" in families:

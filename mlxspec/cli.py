@@ -122,6 +122,13 @@ def format_stats(stats) -> str:
 )
 @click.option("--tree-nodes", type=int, default=None, help="Node budget of the tree (sets its depth).")
 @click.option("--lookup", is_flag=True, help="Draft by prompt lookup; the draft model covers what does not repeat.")
+@click.option(
+    "--lookup-candidates",
+    type=int,
+    default=1,
+    show_default=True,
+    help="With --lookup: verify this many distinct continuations as one tree (pays where verification is flat).",
+)
 @click.option("--medusa", "medusa_path", default=None, help="Draft with Medusa heads (a train-medusa directory).")
 @click.option("--memory-budget", default=None, help="Plan first (e.g. 8GB) and refuse settings that cannot fit.")
 @click.option("--auto", is_flag=True, help="With --memory-budget: apply the planner's top fix instead of refusing.")
@@ -148,6 +155,7 @@ def generate(
     tree_topk,
     tree_nodes,
     lookup,
+    lookup_candidates,
     medusa_path,
     memory_budget,
     auto,
@@ -201,6 +209,7 @@ def generate(
         tree_topk=tree_topk,
         tree_nodes=tree_nodes,
         lookup=lookup,
+        lookup_candidates=lookup_candidates,
         heal=heal,
     )
     if as_json:

@@ -13,7 +13,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .caches import cache_offset, make_speculative_cache, rollback
-from .sampling import SamplingConfig, sample, to_probs
+from .compiled_draft import CompiledDraftChain, pick_draft_token, supports_compiled_draft
+from .sampling import SamplingConfig
 from .trees import TreeShape
 
 
@@ -64,94 +65,143 @@ class DraftModelDrafter:
         kv_bits: int | None = None,
         kv_window: int | None = None,
         tree_topk: int = 1,
+        compiled: bool = True,
     ):
         self.model = model
         self.sampling = sampling
         self.tree_topk = tree_topk
+        # The compiled chain covers plain KV caches; quantized or windowed draft caches run eagerly.
+        self.compiled = None
+        if compiled and kv_bits is None and kv_window is None and supports_compiled_draft(model):
+            self.compiled = CompiledDraftChain(model, sampling, tree_topk)
         # A windowed draft cache bounds the draft's memory; it only changes proposals, never the output law.
-        self.cache = make_speculative_cache(model, max_rollback=max_draft + 1, kv_bits=kv_bits, window=kv_window)
+        self.cache = (
+            []
+            if self.compiled
+            else make_speculative_cache(model, max_rollback=max_draft + 1, kv_bits=kv_bits, window=kv_window)
+        )
         self.history: list[int] = []  # every committed token, prompt included
         self._chain_nodes: list[int] = []  # node indices (1-based) of the tokens fed back into the draft
         self.calls = 0
 
+    def _offset(self) -> int:
+        return self.compiled.offset if self.compiled else cache_offset(self.cache)
+
     def _pending(self) -> list[int]:
-        return self.history[cache_offset(self.cache) :]
+        return self.history[self._offset() :]
 
     def prefill(self, prompt: list[int], chunk: int = 512) -> None:
         self.history = list(prompt)
+        if self.compiled:
+            self.compiled.prefill(self._pending()[:-1], chunk)
+            return
         while len(self._pending()) > 1:
             todo = self._pending()[: min(chunk, len(self._pending()) - 1)]
             self.model(mx.array(todo)[None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
 
     def propose(self, num_tokens: int, key: mx.array | None) -> Draft:
-        inputs = mx.array(self._pending(), dtype=mx.int32)
         k, greedy = self.tree_topk, self.sampling.greedy
+        if self.compiled:
+            tokens, probs = self.compiled.propose(self._pending(), num_tokens, None if greedy or k > 1 else key)
+            return self._draft(tokens, probs, num_tokens)
+        inputs = mx.array(self._pending(), dtype=mx.int32)
         keys = None if greedy or k > 1 else mx.random.split(key, num_tokens)
         tokens, probs = [], []
         for i in range(num_tokens):
             logits = self.model(inputs[None], cache=self.cache)[0, -1]
-            if k > 1:  # top-k by the draft's logits (ties broken as argsort does); the first continues the chain
-                top = mx.argsort(-logits.astype(mx.float32))[:k].astype(mx.int32)
-                token = top[0]
-                tokens.append(top)
-            elif greedy:  # a greedy chain is deterministic: its tokens are all the verifier needs
-                token = mx.argmax(logits).astype(mx.int32)
-                tokens.append(token[None])
-            else:
-                q = to_probs(logits, self.sampling)
-                token = sample(q, keys[i], False)
+            token, proposed, q = pick_draft_token(logits, self.sampling, k, None if keys is None else keys[i])
+            tokens.append(proposed)
+            if q is not None:
                 probs.append(q)
-                tokens.append(token[None])
             mx.async_eval(token)  # start the draft computing while Python builds the next call; not a sync
             inputs = token[None]
+        return self._draft(mx.concatenate(tokens), mx.stack(probs) if probs else None, num_tokens)
+
+    def _draft(self, tokens: mx.array, probs: mx.array | None, num_tokens: int) -> Draft:
+        k = self.tree_topk
         self.calls += num_tokens
         self._chain_nodes = [1 + i * k for i in range(num_tokens)]
         if k == 1:
-            return Draft(mx.concatenate(tokens), mx.stack(probs) if probs else None)
+            return Draft(tokens, probs)
         parents = [-1] + [0 if i == 0 else 1 + (i - 1) * k for i in range(num_tokens) for _ in range(k)]
-        return Draft(mx.concatenate(tokens), None, TreeShape(tuple(parents)))
+        return Draft(tokens, None, TreeShape(tuple(parents)))
 
     def accept(self, emitted: list[int], drafted: list[int]) -> None:
         if self._chain_nodes:
             # The cache holds history + the chain's first K-1 tokens; keep what the emitted tokens confirm. A draft
             # the engine dropped unverified (no room left in the context) comes back empty: keep none of it.
             chain = [drafted[i - 1] for i in self._chain_nodes if i - 1 < len(drafted)]
-            keep = min(common_prefix(emitted, chain), len(self._chain_nodes) - 1)
-            rollback(self.cache, cache_offset(self.cache) - (len(self.history) + keep))
+            # At least the last emitted token stays pending: it is what the next draft continues from.
+            keep = min(common_prefix(emitted, chain), len(self._chain_nodes) - 1, len(emitted) - 1)
+            extra = self._offset() - (len(self.history) + keep)
+            self.compiled.trim(extra) if self.compiled else rollback(self.cache, extra)
         self.history.extend(emitted)
         self._chain_nodes = []
 
 
 class PromptLookupDrafter:
-    """Drafts by finding the latest earlier occurrence of the last n tokens and copying what followed it.
+    """Drafts by finding earlier occurrences of the last n tokens and copying what followed them.
 
     No model and no memory; strong on code edits and repetitive text. Deterministic, so verified by sampling.
+    With max_candidates > 1, the distinct continuations of several matches (longest n-gram first, then latest)
+    form a tree, so a wrong guess from the latest match can be rescued by an older one in the same target call.
     """
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_candidates: int = 1):
+        self.max_ngram, self.min_ngram, self.max_candidates = max_ngram, min_ngram, max_candidates
         self.history: list[int] = []
         self.calls = 0
 
     def prefill(self, prompt: list[int]) -> None:
         self.history = list(prompt)
 
-    def lookup(self, num_tokens: int) -> list[int]:
-        h = self.history
+    def candidates(self, num_tokens: int) -> list[list[int]]:
+        """Up to max_candidates distinct continuations of at most num_tokens tokens, best first."""
+        h, found = self.history, []
         for n in range(min(self.max_ngram, len(h) - 1), self.min_ngram - 1, -1):
             tail = h[-n:]
             for start in range(len(h) - n - 1, -1, -1):  # latest match first, excluding the tail itself
                 if h[start : start + n] == tail:
-                    return h[start + n : start + n + num_tokens]
-        return []
+                    continuation = h[start + n : start + n + num_tokens]
+                    if continuation not in found:
+                        found.append(continuation)
+                        if len(found) == self.max_candidates:
+                            return found
+        return found
 
-    def propose(self, num_tokens: int, key: mx.array) -> Draft | None:
-        found = self.lookup(num_tokens)
-        return Draft(mx.array(found, dtype=mx.int32)) if found else None
+    def lookup(self, num_tokens: int) -> list[int]:
+        found = self.candidates(num_tokens)
+        return found[0] if found else []
+
+    def propose(self, num_tokens: int, key: mx.array | None) -> Draft | None:
+        found = self.candidates(num_tokens)
+        if not found:
+            return None
+        if len(found) == 1:
+            return Draft(mx.array(found[0], dtype=mx.int32))
+        tokens, parents = continuation_tree(found)
+        return Draft(mx.array(tokens, dtype=mx.int32), None, TreeShape(tuple(parents)))
 
     def accept(self, emitted: list[int], drafted: list[int]) -> None:
         self.history.extend(emitted)
+
+
+def continuation_tree(continuations: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The prefix tree of token sequences in BFS order: (node tokens without the root, parents with the root's -1).
+
+    Shared prefixes become one path, so siblings are distinct, as exact tree verification requires.
+    """
+    node_of: dict[tuple[int, ...], int] = {(): 0}
+    tokens, parents = [], [-1]
+    for depth in range(max(len(c) for c in continuations)):
+        for continuation in continuations:
+            prefix = tuple(continuation[: depth + 1])
+            if len(prefix) == depth + 1 and prefix not in node_of:
+                node_of[prefix] = len(parents)
+                parents.append(node_of[prefix[:-1]])
+                tokens.append(prefix[-1])
+    return tokens, parents
 
 
 class LookupThenModelDrafter:

@@ -10,7 +10,7 @@ from test_engine_exactness import PROMPTS, exact_joint
 from tiny import FAMILIES, make_tiny
 
 from mlxspec.caches import make_speculative_cache
-from mlxspec.drafters import PromptLookupDrafter
+from mlxspec.drafters import PromptLookupDrafter, continuation_tree
 from mlxspec.sampling import SamplingConfig
 from mlxspec.tree_attention import keep_tree_path, tree_verification
 from mlxspec.trees import TreeShape, accept_tree, ancestor_mask
@@ -96,6 +96,30 @@ def test_prompt_lookup_finds_the_latest_continuation():
     assert drafter.lookup(3) == [3, 9, 1]
 
 
+def test_prompt_lookup_candidates_are_distinct_longest_match_first():
+    drafter = PromptLookupDrafter(max_ngram=2, max_candidates=4)
+    drafter.prefill([5, 1, 2, 7, 1, 2, 3, 9, 2, 8, 1, 2])
+    # "1 2" matches at 4 (-> 3 9) and 1 (-> 7 1); then "2" adds 8 (-> 8 1); 3 9 from "2" at 5 is a repeat.
+    assert drafter.candidates(2) == [[3, 9], [7, 1], [8, 1]]
+
+
+def test_continuation_tree_merges_shared_prefixes_in_bfs_order():
+    tokens, parents = continuation_tree([[3, 9, 4], [3, 7], [8]])
+    # nodes: 1=3, 2=8 (depth 1); 3=9, 4=7 (depth 2, both under 3); 5=4 (depth 3, under 9)
+    assert tokens == [3, 8, 9, 7, 4]
+    assert parents == [-1, 0, 0, 1, 1, 3]
+    assert TreeShape(tuple(parents)).path_to(5) == [1, 3, 5]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_prompt_lookup_tree_equals_plain_greedy(family):
+    target = make_tiny(family, seed=0)
+    prompt = [1, 2, 3, 1, 4, 1, 2, 5, 1, 4, 6, 1]
+    expected = mlx_lm_greedy(target, prompt, 24)
+    got = speculative_tokens(target, None, prompt, 24, num_draft=4, drafter=PromptLookupDrafter(max_candidates=3))
+    assert_greedy_equal(target, prompt, got, expected)
+
+
 def test_tree_cache_equals_plain_decoding_cache():
     target, draft = make_tiny("llama", seed=0), make_tiny("llama", seed=1)
     engines = []
@@ -120,15 +144,19 @@ def test_tree_cache_equals_plain_decoding_cache():
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)], ids=["T1", "T0.7-top-p"])
-@pytest.mark.parametrize("source", ["draft-tree", "prompt-lookup"])
+@pytest.mark.parametrize("source", ["draft-tree", "prompt-lookup", "prompt-lookup-tree"])
 def test_tree_samples_follow_the_target_distribution(sampling, source):
-    """Chi-square of 3000 seeded runs (3 tokens, vocab 8) against the enumerated law; false alarm 1e-3."""
+    """Chi-square of 3000 seeded runs (3 tokens, vocab 8) against the enumerated law; false alarm 1e-3. The
+    lookup tree's prompt gives "1" two different continuations, so its first step verifies a 4-node tree."""
     target = make_tiny("llama", seed=0, logit_scale=3.0)
     draft = make_tiny("llama", seed=5, logit_scale=3.0)
-    prompt, length = [1, 2, 1, 2, 1], 3
+    prompt, length = ([1, 2, 3, 1, 4, 1] if source == "prompt-lookup-tree" else [1, 2, 1, 2, 1]), 3
     counts = np.zeros([8] * length)
     for seed in range(3000):
-        drafter = PromptLookupDrafter() if source == "prompt-lookup" else None
+        drafter = {
+            "prompt-lookup": lambda: PromptLookupDrafter(),
+            "prompt-lookup-tree": lambda: PromptLookupDrafter(max_candidates=3),
+        }.get(source, lambda: None)()
         out = speculative_tokens(
             target,
             draft if drafter is None else None,

@@ -1,0 +1,84 @@
+"""The compiled draft chain proposes what the eager draft model proposes, step after step, on every family."""
+
+import mlx.core as mx
+import pytest
+from tiny import FAMILIES, make_tiny
+
+from mlxspec.compiled_draft import StaticKVCache, supports_compiled_draft
+from mlxspec.drafters import DraftModelDrafter
+from mlxspec.sampling import SamplingConfig
+
+PROMPT = [1, 2, 3, 4, 5, 6, 0, 1, 2]
+
+
+def drive(drafter: DraftModelDrafter, sampling: SamplingConfig, steps: int = 5, num_draft: int = 3):
+    """Propose, then accept a varying number of the drafted tokens plus one new token, as the engine would."""
+    drafter.prefill(PROMPT)
+    key = mx.random.key(7)
+    proposals = []
+    for step in range(steps):
+        key, draft_key = mx.random.split(key)
+        draft = drafter.propose(num_draft, None if sampling.greedy else draft_key)
+        tokens = draft.tokens.tolist()
+        proposals.append((tokens, None if draft.probs is None else draft.probs))
+        keep = step % (num_draft + 1)  # 0, 1, 2, 3 (all) accepted, then again
+        chain = [tokens[i - 1] for i in drafter._chain_nodes]
+        # The engine's next token never repeats a rejected draft token (the residual excludes it).
+        new_token = (chain[keep] + 1) % 8 if keep < len(chain) else step % 8
+        drafter.accept(chain[:keep] + [new_token], tokens)
+    return proposals
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize(
+    "sampling, topk", [(SamplingConfig(), 1), (SamplingConfig(), 2), (SamplingConfig(0.8, top_p=0.9), 1)]
+)
+def test_compiled_chain_matches_the_eager_draft(family, sampling, topk):
+    draft = make_tiny(family, seed=1, sliding_window=4) if family == "gemma3_text" else make_tiny(family, seed=1)
+    assert supports_compiled_draft(draft)
+    compiled = DraftModelDrafter(draft, sampling, 3, tree_topk=topk)
+    eager = DraftModelDrafter(draft, sampling, 3, tree_topk=topk, compiled=False)
+    assert compiled.compiled is not None and eager.compiled is None
+    for (got, got_q), (want, want_q) in zip(drive(compiled, sampling), drive(eager, sampling)):
+        assert got == want
+        if want_q is not None:  # sampled chains also hand over the distributions they drew from
+            assert mx.allclose(got_q, want_q, atol=1e-5).item()
+
+
+def test_windowed_or_quantized_draft_caches_run_eagerly():
+    draft = make_tiny("llama", seed=1, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    assert DraftModelDrafter(draft, SamplingConfig(), 3, kv_window=8).compiled is None
+    assert DraftModelDrafter(draft, SamplingConfig(), 3, kv_bits=8).compiled is None
+
+
+def test_static_cache_mask_is_exact():
+    keys = mx.zeros((1, 1, 6, 2))
+    cache = StaticKVCache(keys, keys, mx.array(2, dtype=mx.int32))
+    expected = [
+        [True, True, True, False, False, False],
+        [True, True, True, True, False, False],
+    ]
+    assert cache.make_mask(2).tolist() == expected
+    windowed = [
+        [False, True, True, False, False, False],
+        [False, False, True, True, False, False],
+    ]
+    assert cache.make_mask(2, window_size=2).tolist() == windowed
+
+
+def test_compiled_draft_grows_past_its_first_capacity():
+    """A long history crosses a 256-position capacity step; proposals still equal the eager draft's."""
+    draft = make_tiny("llama", seed=1, max_position_embeddings=1024)
+    prompt = [i % 7 for i in range(300)]
+    compiled, eager = (DraftModelDrafter(draft, SamplingConfig(), 4, compiled=c) for c in (True, False))
+    for drafter in (compiled, eager):
+        drafter.prefill(prompt[:250])
+        drafter.history = list(prompt[:250])
+    for start in range(250, 290, 5):
+        outs = []
+        for drafter in (compiled, eager):
+            tokens = drafter.propose(4, None).tokens.tolist()
+            drafter.accept(prompt[start : start + 5], tokens)
+            outs.append(tokens)
+        assert outs[0] == outs[1]
+    assert compiled.compiled.capacity == 512
