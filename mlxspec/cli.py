@@ -334,9 +334,12 @@ def bench(
     )
     mode_fns = bench_module.build_modes(speculator, tuple(num_drafts), set(modes.split(",")), heads)
     everything, by_temp = {}, {}
+    timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
     click.echo(
-        f"# {len(prompts)} prompts x {max_tokens} tokens, median of {repeats} passes; {blas_in_use()} BLAS, "
-        f"device {mx.default_device()}"
+        f"# {len(prompts)} prompts x {max_tokens} tokens, median of {repeats} passes that each run every mode in "
+        f"turn; speedup is the median within-pass ratio to the first mode; {blas_in_use()} BLAS"
+        + (f" (OPENBLAS_THREAD_TIMEOUT={timeout})" if timeout else "")
+        + f", device {mx.default_device()}"
     )
     for temp in temps:
         click.echo(f"\n## temperature {temp}" + (f", top-p {top_p}" if top_p < 1 else ""))
