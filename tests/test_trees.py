@@ -143,20 +143,12 @@ def test_tree_cache_equals_plain_decoding_cache():
             assert mx.allclose(a[..., : len(fed), :], b[..., : len(fed), :], atol=1e-5).item()
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)], ids=["T1", "T0.7-top-p"])
-@pytest.mark.parametrize("source", ["draft-tree", "prompt-lookup", "prompt-lookup-tree"])
-def test_tree_samples_follow_the_target_distribution(sampling, source):
-    """Chi-square of 3000 seeded runs (3 tokens, vocab 8) against the enumerated law; false alarm 1e-3. The
-    lookup tree's prompt gives "1" two different continuations, so its first step verifies a 4-node tree."""
-    target = make_tiny("llama", seed=0, logit_scale=3.0)
-    draft = make_tiny("llama", seed=5, logit_scale=3.0)
-    prompt, length = ([1, 2, 3, 1, 4, 1] if source == "prompt-lookup-tree" else [1, 2, 1, 2, 1]), 3
+def tree_sample_counts(target, draft, make_drafter, prompt, length, sampling, runs):
+    """Counts of the first `length` tokens over seeded runs; make_drafter() returns a drafter, or None for a
+    top-3 draft-model tree."""
     counts = np.zeros([8] * length)
-    for seed in range(3000):
-        drafter = {
-            "prompt-lookup": lambda: PromptLookupDrafter(),
-            "prompt-lookup-tree": lambda: PromptLookupDrafter(max_candidates=3),
-        }.get(source, lambda: None)()
+    for seed in range(runs):
+        drafter = make_drafter()
         out = speculative_tokens(
             target,
             draft if drafter is None else None,
@@ -169,6 +161,22 @@ def test_tree_samples_follow_the_target_distribution(sampling, source):
             drafter=drafter,
         )
         counts[tuple(out)] += 1
+    return counts
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)], ids=["T1", "T0.7-top-p"])
+@pytest.mark.parametrize("source", ["draft-tree", "prompt-lookup", "prompt-lookup-tree"])
+def test_tree_samples_follow_the_target_distribution(sampling, source):
+    """Chi-square of 3000 seeded runs (3 tokens, vocab 8) against the enumerated law; false alarm 1e-3. The
+    lookup tree's prompt gives "1" two different continuations, so its first step verifies a 4-node tree."""
+    target = make_tiny("llama", seed=0, logit_scale=3.0)
+    draft = make_tiny("llama", seed=5, logit_scale=3.0)
+    prompt, length = ([1, 2, 3, 1, 4, 1] if source == "prompt-lookup-tree" else [1, 2, 1, 2, 1]), 3
+    make = {
+        "prompt-lookup": lambda: PromptLookupDrafter(),
+        "prompt-lookup-tree": lambda: PromptLookupDrafter(max_candidates=3),
+    }.get(source, lambda: None)
+    counts = tree_sample_counts(target, draft, make, prompt, length, sampling, runs=3000)
     assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
     assert chi_square_pvalue(counts, exact_joint(draft, prompt, sampling, length)) < ALPHA
 
@@ -187,19 +195,5 @@ def test_tree_and_medusa_samples_follow_the_target_on_every_family(family):
     sampling, prompt, length = SamplingConfig(1.0), [1, 2, 1], 2
     expected = exact_joint(target, prompt, sampling, length)
     for make in (lambda: None, lambda: MedusaDrafter(heads, target, tree_nodes=6, tree_topk=2)):
-        counts = np.zeros([8] * length)
-        for seed in range(1500):
-            drafter = make()
-            out = speculative_tokens(
-                target,
-                draft if drafter is None else None,
-                prompt,
-                length,
-                num_draft=2,
-                sampling=sampling,
-                seed=seed,
-                tree_topk=3,
-                drafter=drafter,
-            )
-            counts[tuple(out)] += 1
+        counts = tree_sample_counts(target, draft, make, prompt, length, sampling, runs=1500)
         assert chi_square_pvalue(counts, expected) > ALPHA
