@@ -183,7 +183,7 @@ class Speculator:
         stops = list(stop or [])
 
         if lookup_candidates < 1:
-            raise UserError(f"lookup_candidates {lookup_candidates} must be at least 1")
+            raise UserError(f"lookup_candidates {lookup_candidates} must be at least 1; 1 drafts a single chain")
         drafter = self._make_drafter(sampling, num_draft, use_draft, tree_topk, lookup, lookup_candidates)
         controller = None
         if adaptive and isinstance(drafter, DraftModelDrafter) and tree_topk == 1:
