@@ -153,13 +153,15 @@ class Speculator:
         tree_nodes: int | None = None,
         lookup: bool = False,
         lookup_candidates: int = 1,
+        corpus_fallback: bool = True,
         heal: bool = False,
     ) -> Iterator[Chunk]:
         """Yield text as the target accepts it. Stats of the run land in `self.last_stats` as it goes.
 
         tree_topk > 1 drafts a tree with the draft model (top-k alternatives at each depth); tree_nodes caps its
         nodes. lookup=True drafts by prompt lookup, falling back to the draft model when the text does not repeat;
-        lookup_candidates > 1 verifies that many distinct continuations as one tree.
+        lookup_candidates > 1 verifies that many distinct continuations as one tree; corpus_fallback lets lookup guess
+        one token from a stdlib bigram table where nothing matches.
         heal=True backs the prompt up one token and makes the first token extend it (token healing).
         """
         sampling = SamplingConfig(temperature, top_p, top_k, min_p)
@@ -184,7 +186,9 @@ class Speculator:
 
         if lookup_candidates < 1:
             raise UserError(f"lookup_candidates {lookup_candidates} must be at least 1; 1 drafts a single chain")
-        drafter = self._make_drafter(sampling, num_draft, use_draft, tree_topk, lookup, lookup_candidates)
+        drafter = self._make_drafter(
+            sampling, num_draft, use_draft, tree_topk, lookup, lookup_candidates, corpus_fallback
+        )
         controller = None
         if adaptive and isinstance(drafter, DraftModelDrafter) and tree_topk == 1:
             controller = self.draft_length_controller(num_draft)
@@ -248,6 +252,7 @@ class Speculator:
         tree_topk: int,
         lookup: bool,
         lookup_candidates: int = 1,
+        corpus_fallback: bool = False,
     ) -> Drafter | None:
         model_drafter = None
         if use_draft and self.medusa is not None:
@@ -268,7 +273,13 @@ class Speculator:
         elif tree_topk > 1:
             raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
         if lookup:
-            lookup_drafter = PromptLookupDrafter(max_candidates=lookup_candidates)
+            successors = None
+            if corpus_fallback:
+                from .ngram_table import corpus_successors
+
+                vocab = getattr(getattr(self.target.model, "args", None), "vocab_size", None)
+                successors = corpus_successors(self.tokenizer, vocab or len(self.tokenizer.get_vocab()))
+            lookup_drafter = PromptLookupDrafter(max_candidates=lookup_candidates, successors=successors)
             return LookupThenModelDrafter(lookup_drafter, model_drafter) if model_drafter else lookup_drafter
         return model_drafter
 

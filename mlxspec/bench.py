@@ -209,6 +209,9 @@ def build_modes(
     if "lookup" in families:
         for k in (4, 8):
             modes[f"mlxspec lookup k={k}"] = mlxspec_mode(speculator, use_draft=False, lookup=True, num_draft=k)
+        modes["mlxspec lookup k=8 no corpus"] = mlxspec_mode(
+            speculator, use_draft=False, lookup=True, num_draft=8, corpus_fallback=False
+        )
         modes["mlxspec lookup tree 3x8"] = mlxspec_mode(
             speculator, use_draft=False, lookup=True, num_draft=8, lookup_candidates=3
         )

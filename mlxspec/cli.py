@@ -129,6 +129,11 @@ def format_stats(stats) -> str:
     show_default=True,
     help="With --lookup: verify this many distinct continuations as one tree (pays where verification is flat).",
 )
+@click.option(
+    "--no-corpus-fallback",
+    is_flag=True,
+    help="With --lookup: draft nothing where the text does not repeat, instead of a stdlib bigram guess.",
+)
 @click.option("--medusa", "medusa_path", default=None, help="Draft with Medusa heads (a train-medusa directory).")
 @click.option("--memory-budget", default=None, help="Plan first (e.g. 8GB) and refuse settings that cannot fit.")
 @click.option("--auto", is_flag=True, help="With --memory-budget: apply the planner's top fix instead of refusing.")
@@ -156,6 +161,7 @@ def generate(
     tree_nodes,
     lookup,
     lookup_candidates,
+    no_corpus_fallback,
     medusa_path,
     memory_budget,
     auto,
@@ -210,6 +216,7 @@ def generate(
         tree_nodes=tree_nodes,
         lookup=lookup,
         lookup_candidates=lookup_candidates,
+        corpus_fallback=not no_corpus_fallback,
         heal=heal,
     )
     if as_json:

@@ -11,6 +11,7 @@ from typing import Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .caches import cache_offset, make_speculative_cache, rollback
 from .compiled_draft import CompiledDraftChain, pick_draft_token, supports_compiled_draft
@@ -148,8 +149,17 @@ class PromptLookupDrafter:
     form a tree, so a wrong guess from the latest match can be rescued by an older one in the same target call.
     """
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_candidates: int = 1):
+    def __init__(
+        self,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+        max_candidates: int = 1,
+        successors: np.ndarray | None = None,
+        fallback_tokens: int = 1,
+    ):
         self.max_ngram, self.min_ngram, self.max_candidates = max_ngram, min_ngram, max_candidates
+        # Where nothing matches, follow a corpus bigram table (ngram_table.py) for fallback_tokens tokens.
+        self.successors, self.fallback_tokens = successors, fallback_tokens
         self.history: list[int] = []
         self.calls = 0
 
@@ -174,9 +184,20 @@ class PromptLookupDrafter:
         found = self.candidates(num_tokens)
         return found[0] if found else []
 
+    def successor_chain(self, num_tokens: int) -> list[int]:
+        if self.successors is None or not self.history:
+            return []
+        chain, token = [], self.history[-1]
+        while len(chain) < min(num_tokens, self.fallback_tokens):
+            token = int(self.successors[token]) if token < len(self.successors) else -1
+            if token < 0:
+                break
+            chain.append(token)
+        return chain
+
     def propose(self, num_tokens: int, key: mx.array | None) -> Draft | None:
-        found = self.candidates(num_tokens)
-        if not found:
+        found = self.candidates(num_tokens) or [self.successor_chain(num_tokens)]
+        if not found[0]:
             return None
         if len(found) == 1:
             return Draft(mx.array(found[0], dtype=mx.int32))

@@ -103,6 +103,22 @@ def test_prompt_lookup_candidates_are_distinct_longest_match_first():
     assert drafter.candidates(2) == [[3, 9], [7, 1], [8, 1]]
 
 
+def test_prompt_lookup_falls_back_on_the_successor_table_only_without_a_match():
+    successors = np.array([1, 2, 3, -1, 0, 4, 6, 7], dtype=np.int32)
+    drafter = PromptLookupDrafter(successors=successors, fallback_tokens=3)
+    drafter.prefill([5, 6])  # 6 never occurred before: 6 -> 6 -> 6 from the table
+    assert drafter.propose(8, None).tokens.tolist() == [6, 6, 6]
+    drafter.prefill([4, 0])  # 0 -> 1 -> 2 (fallback_tokens caps it at 3; num_tokens at 2)
+    assert drafter.propose(2, None).tokens.tolist() == [1, 2]
+    drafter.prefill([0, 2])  # 2 -> 3, and 3 has no successor: the chain stops
+    assert drafter.propose(8, None).tokens.tolist() == [3]
+    drafter.prefill([2, 7, 2])  # "2" occurred before: lookup wins
+    assert drafter.propose(8, None).tokens.tolist() == [7, 2]
+    bare = PromptLookupDrafter()
+    bare.prefill([5, 6])
+    assert bare.propose(8, None) is None  # no table, no match: plain decoding
+
+
 def test_continuation_tree_merges_shared_prefixes_in_bfs_order():
     tokens, parents = continuation_tree([[3, 9, 4], [3, 7], [8]])
     # nodes: 1=3, 2=8 (depth 1); 3=9, 4=7 (depth 2, both under 3); 5=4 (depth 3, under 9)
@@ -165,16 +181,20 @@ def tree_sample_counts(target, draft, make_drafter, prompt, length, sampling, ru
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)], ids=["T1", "T0.7-top-p"])
-@pytest.mark.parametrize("source", ["draft-tree", "prompt-lookup", "prompt-lookup-tree"])
+@pytest.mark.parametrize("source", ["draft-tree", "prompt-lookup", "prompt-lookup-tree", "corpus-fallback"])
 def test_tree_samples_follow_the_target_distribution(sampling, source):
     """Chi-square of 3000 seeded runs (3 tokens, vocab 8) against the enumerated law; false alarm 1e-3. The
-    lookup tree's prompt gives "1" two different continuations, so its first step verifies a 4-node tree."""
+    lookup tree's prompt gives "1" two different continuations, so its first step verifies a 4-node tree; the
+    corpus-fallback prompt ends in a token never seen before, so its first draft comes from a successor table."""
     target = make_tiny("llama", seed=0, logit_scale=3.0)
     draft = make_tiny("llama", seed=5, logit_scale=3.0)
-    prompt, length = ([1, 2, 3, 1, 4, 1] if source == "prompt-lookup-tree" else [1, 2, 1, 2, 1]), 3
+    prompt = {"prompt-lookup-tree": [1, 2, 3, 1, 4, 1], "corpus-fallback": [1, 2, 3, 4, 5]}.get(source, [1, 2, 1, 2, 1])
+    length = 3
+    successors = np.array([(3 * t + 1) % 8 for t in range(8)], dtype=np.int32)
     make = {
         "prompt-lookup": lambda: PromptLookupDrafter(),
         "prompt-lookup-tree": lambda: PromptLookupDrafter(max_candidates=3),
+        "corpus-fallback": lambda: PromptLookupDrafter(successors=successors, fallback_tokens=2),
     }.get(source, lambda: None)
     counts = tree_sample_counts(target, draft, make, prompt, length, sampling, runs=3000)
     assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
