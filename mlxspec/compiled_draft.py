@@ -48,6 +48,10 @@ class StaticKVCache:
         return mask
 
 
+def static_caches(keys: list[mx.array], values: list[mx.array], offset: mx.array) -> list[StaticKVCache]:
+    return [StaticKVCache(k, v, offset) for k, v in zip(keys, values)]
+
+
 def pick_draft_token(
     logits: mx.array, sampling: SamplingConfig, tree_topk: int, key: mx.array | None
 ) -> tuple[mx.array, mx.array, mx.array | None]:
@@ -82,7 +86,6 @@ class CompiledDraftChain:
 
     def __init__(self, model: nn.Module, sampling: SamplingConfig, tree_topk: int = 1):
         self.model, self.sampling, self.tree_topk = model, sampling, tree_topk
-        self.num_layers = len(make_prompt_cache(model))
         self.keys: list[mx.array] = []
         self.values: list[mx.array] = []
         self.offset = 0
@@ -91,9 +94,6 @@ class CompiledDraftChain:
     @property
     def capacity(self) -> int:
         return self.keys[0].shape[2] if self.keys else 0
-
-    def _caches(self, offset: mx.array) -> list[StaticKVCache]:
-        return [StaticKVCache(k, v, offset) for k, v in zip(self.keys, self.values)]
 
     def _reserve(self, positions: int, like: list[tuple[mx.array, mx.array]] | None = None) -> None:
         """Grow every buffer so `positions` fit (zero-padded); `like` gives shapes and dtypes before the first."""
@@ -117,7 +117,7 @@ class CompiledDraftChain:
         self._reserve(self.offset + len(tokens))
         for start in range(0, len(tokens), chunk):
             piece = tokens[start : start + chunk]
-            caches = self._caches(mx.array(self.offset, dtype=mx.int32))
+            caches = static_caches(self.keys, self.values, mx.array(self.offset, dtype=mx.int32))
             self.model(mx.array(piece)[None], cache=caches)
             self.keys, self.values = [c.keys for c in caches], [c.values for c in caches]
             self.offset += len(piece)
@@ -126,7 +126,7 @@ class CompiledDraftChain:
     def _chain_graph(self, inputs, offset, keys, values, random_keys, num_tokens):
         """inputs [P] int32 fed at `offset`, then num_tokens draft steps. Returns (tokens [K] or [K, topk], draft
         probabilities [K, V] (sampled chains only, else an empty array), new keys, new values)."""
-        caches = [StaticKVCache(k, v, offset) for k, v in zip(keys, values)]
+        caches = static_caches(keys, values, offset)
         tokens, probs = [], []
         for i in range(num_tokens):
             logits = self.model(inputs[None], cache=caches)[0, -1]
