@@ -108,6 +108,7 @@ class Speculator:
             raise UserError(f"draft_window {draft_window} must be at least 1 token")
         self.draft_window = draft_window
         self.medusa = medusa  # MedusaHeads or None
+        self._successors = None  # prompt lookup's corpus table, loaded on first use
         self.last_stats = Stats()
 
     @property
@@ -244,6 +245,15 @@ class Speculator:
         )
         return DraftLengthController(curve, max_draft)
 
+    def corpus_successors(self):
+        """Prompt lookup's fallback table for this tokenizer (built once per machine, then read once per load)."""
+        if self._successors is None:
+            from .ngram_table import corpus_successors
+
+            vocab = getattr(getattr(self.target.model, "args", None), "vocab_size", None)
+            self._successors = corpus_successors(self.tokenizer, vocab or len(self.tokenizer.get_vocab()))
+        return self._successors
+
     def _make_drafter(
         self,
         sampling: SamplingConfig,
@@ -252,7 +262,7 @@ class Speculator:
         tree_topk: int,
         lookup: bool,
         lookup_candidates: int = 1,
-        corpus_fallback: bool = False,
+        corpus_fallback: bool = True,
     ) -> Drafter | None:
         model_drafter = None
         if use_draft and self.medusa is not None:
@@ -273,12 +283,7 @@ class Speculator:
         elif tree_topk > 1:
             raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
         if lookup:
-            successors = None
-            if corpus_fallback:
-                from .ngram_table import corpus_successors
-
-                vocab = getattr(getattr(self.target.model, "args", None), "vocab_size", None)
-                successors = corpus_successors(self.tokenizer, vocab or len(self.tokenizer.get_vocab()))
+            successors = self.corpus_successors() if corpus_fallback else None
             lookup_drafter = PromptLookupDrafter(max_candidates=lookup_candidates, successors=successors)
             return LookupThenModelDrafter(lookup_drafter, model_drafter) if model_drafter else lookup_drafter
         return model_drafter
