@@ -119,3 +119,57 @@ def test_reexec_adds_openblas_and_its_thread_timeout_once(monkeypatch, environ, 
     for name, value in expected.items():
         got = calls[0][name]
         assert got.endswith("openblas-pthread/libblas.so.3") if value == "OPENBLAS" else got == value
+
+
+def test_bench_compares_every_mode_on_a_fresh_install(tiny_dirs, tmp_path):
+    """A short bench on the tiny pair: every mode runs at both temperatures, the table, the profile and the JSON
+    come out, and the numbers are well-formed. (Timings are not asserted: they belong to benchmarks.)"""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "abcabcab"}\n{"tokens": [1, 2, 3, 1, 2]}\n')
+    out = tmp_path / "bench.json"
+    proc = run_cli(
+        "bench",
+        "--model",
+        tiny_dirs["target"],
+        "--draft",
+        tiny_dirs["draft"],
+        "-k",
+        "2",
+        "--temp",
+        "0",
+        "--temp",
+        "1.0",
+        "--prompts",
+        prompts,
+        "--max-tokens",
+        "6",
+        "--repeats",
+        "2",
+        "--profile",
+        "--json",
+        out,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())["results"]
+    expected_modes = {
+        "mlx-lm plain",
+        "mlx-lm speculative k=2",
+        "mlxspec no-draft",
+        "mlxspec draft k=2",
+        "mlxspec draft adaptive",
+        "mlxspec draft tree 4x2",
+        "mlxspec lookup k=4",
+        "mlxspec lookup k=8",
+        "mlxspec lookup k=8 no corpus",
+        "mlxspec lookup tree 3x8",
+        "mlxspec lookup+draft k=4",
+    }
+    for temp in ("0.0", "1.0"):
+        rows = {row["mode"]: row for row in results[temp]}
+        assert set(rows) == expected_modes and results[temp][0]["mode"] == "mlx-lm plain"
+        for row in rows.values():
+            assert row["tokens_per_second"] > 0 and 0 <= row["acceptance_rate"] <= 1
+            assert row["tokens_per_target_call"] >= 1 and len(row["runs"]) == 2 * 2  # passes x prompts
+            assert all(run["tokens"] == 6 for run in row["runs"])  # EOS ignored: every run makes max-tokens
+        assert set(results[f"profile {temp}"]) == {"draft", "verify", "accept", "bookkeeping"}
+        assert f"## temperature {float(temp)}" in proc.stdout
