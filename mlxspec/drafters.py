@@ -136,7 +136,10 @@ class DraftModelDrafter:
             # At least the last emitted token stays pending: it is what the next draft continues from.
             keep = min(common_prefix(emitted, chain), len(self._chain_nodes) - 1, len(emitted) - 1)
             extra = self._offset() - (len(self.history) + keep)
-            self.compiled.trim(extra) if self.compiled else rollback(self.cache, extra)
+            if self.compiled:
+                self.compiled.trim(extra)
+            else:
+                rollback(self.cache, extra)
         self.history.extend(emitted)
         self._chain_nodes = []
 

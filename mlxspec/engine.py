@@ -72,7 +72,6 @@ class SpeculativeEngine:
         self.wants_hidden = getattr(drafter, "uses_target_hidden", False)
         self._hidden: mx.array | None = None
         self._prefetched: mx.array | None = None  # [1, V] lazy logits of a queued plain forward (see _plain_step)
-        self._last_token = 0
 
     def prefill(self, prompt: list[int]) -> None:
         """Feed all but the last prompt token; the last one is verified together with the first draft."""
@@ -118,8 +117,8 @@ class SpeculativeEngine:
         budget = min(budget, max_new_tokens - 1)
         if self.first_token_mask is not None:
             budget = 0  # the constrained first token is decoded plainly
-        if budget > 0:
-            self._drop_prefetch()
+        # A forward is queued only when every later step is plain (_decodes_plainly), so none is queued here.
+        assert budget == 0 or self._prefetched is None
         if self.room() is not None:
             budget = min(budget, self.room())
         draft = self.drafter.propose(budget, draft_key) if budget > 0 else None
@@ -183,7 +182,6 @@ class SpeculativeEngine:
         self._mark("accept")
         self._drafted_host, self._last_kept_node = [], -1
         self.pending = [] if self._prefetched is not None else [value]
-        self._last_token = value
         return StepResult([value], 0, 0)
 
     def _decodes_plainly(self) -> bool:
@@ -191,13 +189,6 @@ class SpeculativeEngine:
         if self.wants_hidden or self.first_token_mask is not None:
             return False
         return self.drafter is None or (self.controller is not None and not self.controller.can_win)
-
-    def _drop_prefetch(self) -> None:
-        """Undo a queued plain forward (only if plans changed): the last token becomes pending again."""
-        if self._prefetched is not None:
-            self._prefetched = None
-            rollback(self.cache, 1)
-            self.pending = [self._last_token]
 
     def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
         num_draft = draft.tokens.shape[0]
