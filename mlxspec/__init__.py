@@ -8,6 +8,8 @@ from importlib import import_module
 __version__ = "0.1.0"
 _EXPORTS = {
     "Chunk": "api",
+    "DecodeOptions": "options",
+    "SlowBLASWarning": "api",
     "GenerationResult": "api",
     "Speculator": "api",
     "Stats": "api",

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 
-from .drafters import Drafter, DraftModelDrafter, LookupThenModelDrafter, PromptLookupDrafter
+from .drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, make_drafter
 from .engine import SpeculativeEngine
 from .errors import UserError
 from .loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, check_compatible, load_model
-from .sampling import SamplingConfig
+from .options import DecodeOptions
 from .text import TextStream
 
-MAX_NUM_DRAFT = 64
-ADAPTIVE_MAX_DRAFT = 8  # the longest chain the adaptive controller may choose
+
+class SlowBLASWarning(RuntimeWarning):
+    """MLX runs on the stock Linux wheel's reference BLAS, where verifying k tokens costs k times one."""
 
 
 @dataclass
@@ -29,6 +33,10 @@ class Stats:
     drafted: int = 0  # tokens (chains) or nodes (trees) proposed
     accepted: int = 0
     tree_nodes: int = 0  # nodes verified per step by tree drafts (0 for chains)
+    mode: str = ""  # what drafted: "plain", "draft model", "draft model tree 4x2", "prompt lookup", ...
+    num_draft: int | str = 0  # the draft length, or "auto" (adapted every step)
+    seed: int = 0  # the seed used (drawn at random when none was given), so any run can be repeated
+    prompt_truncated_from: int = 0  # the prompt's length before --truncate cut it (0: not cut)
     note: str = ""  # why mlxspec decoded plainly instead of speculating, if it did
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
@@ -76,38 +84,59 @@ class GenerationResult:
     finish_reason: str | None = None
 
 
-def _check_num_draft(num_draft: int | str) -> None:
-    if num_draft == "auto":
+def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
+    """What drafted, in words, for -v, --json and stats.mode."""
+    from .medusa import MedusaDrafter
+
+    tree = f" tree {options.depth}x{options.tree_topk}" if options.tree_topk > 1 else ""
+    names = {DraftModelDrafter: "draft model", PromptLookupDrafter: "prompt lookup", MedusaDrafter: "medusa heads"}
+    if drafter is None:
+        return "plain"
+    inner = getattr(drafter, "model", None)
+    if inner is not None and hasattr(drafter, "lookup"):
+        return f"prompt lookup + {names.get(type(inner), type(inner).__name__)}{tree}"
+    if isinstance(drafter, PromptLookupDrafter) and options.lookup_candidates > 1:
+        return f"prompt lookup tree of {options.lookup_candidates}"
+    return names.get(type(drafter), type(drafter).__name__) + tree
+
+
+_warned_blas = False
+
+
+def warn_if_slow_blas() -> None:
+    """Once per process: say how to get a fast BLAS where MLX runs on reference BLAS (about 30% slower and worse)."""
+    global _warned_blas
+    if _warned_blas:
         return
-    if not isinstance(num_draft, int) or not 1 <= num_draft <= MAX_NUM_DRAFT:
-        raise UserError(
-            f"num_draft {num_draft} is outside 1..{MAX_NUM_DRAFT}; 4 is a good start, or 'auto' to adapt it"
-        )
+    _warned_blas = True
+    from .platform import fast_blas_hint
+
+    hint = fast_blas_hint()
+    if hint:
+        warnings.warn(hint, SlowBLASWarning, stacklevel=3)
 
 
 class Speculator:
-    """A loaded target (and optional draft) ready for repeated generation."""
+    """A loaded target (and optional draft model or Medusa heads) ready for repeated generation.
+
+    `options` are the defaults of every call; `generate(prompt, temperature=0.7)` overrides one of them.
+    """
 
     def __init__(
         self,
         target: LoadedModel,
         draft: LoadedModel | None = None,
-        num_draft: int | str = "auto",
-        kv_bits: int | None = None,
-        draft_window: int | None = None,
         medusa=None,
+        options: DecodeOptions | None = None,
     ):
-        _check_num_draft(num_draft)
         if draft is not None:
             check_compatible(target, draft)
+        if draft is not None and medusa is not None:
+            raise UserError("a draft model and Medusa heads are two drafters; pass one of them")
         self.target = target
         self.draft = draft
-        self.num_draft = num_draft
-        self.kv_bits = kv_bits
-        if draft_window is not None and draft_window < 1:
-            raise UserError(f"draft_window {draft_window} must be at least 1 token")
-        self.draft_window = draft_window
         self.medusa = medusa  # MedusaHeads or None
+        self.options = (options or DecodeOptions()).validate()
         self._successors = None  # prompt lookup's corpus table, loaded on first use
         self.last_stats = Stats()
 
@@ -115,12 +144,26 @@ class Speculator:
     def tokenizer(self):
         return self.target.tokenizer
 
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the target's output: every id a prompt may hold."""
+        args = getattr(self.target.model, "args", None)
+        return getattr(args, "vocab_size", None) or len(self.tokenizer.get_vocab())
+
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
-        if isinstance(prompt, list):
+        if isinstance(prompt, (list, tuple)):
             tokens = list(prompt)
-        else:
+            bad = next(
+                (t for t in tokens if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size),
+                None,
+            )
+            if bad is not None:
+                raise UserError(f"prompt token {bad!r} is not a token id of this model (0..{self.vocab_size - 1})")
+        elif isinstance(prompt, str):
             if not prompt:
                 raise UserError("the prompt is empty; pass some text to continue")
+            # Lone surrogates (undecodable bytes from argv or a file) cannot be tokenized: replace them with U+FFFD.
+            prompt = prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             if chat:
                 if not getattr(self.tokenizer, "chat_template", None):
                     raise UserError(f"'{self.target.path}' has no chat template; drop --chat")
@@ -129,105 +172,79 @@ class Speculator:
                 )
             else:
                 tokens = self.tokenizer.encode(prompt)
+        else:
+            raise UserError(f"the prompt is a {type(prompt).__name__}; pass a string or a list of token ids")
         if not tokens:
             raise UserError("the prompt encodes to no tokens; pass some text to continue")
-        context = self.target.context_length
-        if context is not None and len(tokens) > context:
-            raise UserError(f"the prompt has {len(tokens)} tokens but the model's context is {context}; shorten it")
         return tokens
 
-    def stream(
-        self,
-        prompt: str | list[int],
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        num_draft: int | str | None = None,
-        seed: int = 0,
-        stop: list[str] | None = None,
-        chat: bool = False,
-        use_draft: bool = True,
-        stop_at_eos: bool = True,
-        tree_topk: int = 1,
-        tree_nodes: int | None = None,
-        lookup: bool = False,
-        lookup_candidates: int = 1,
-        corpus_fallback: bool = True,
-        heal: bool = False,
-    ) -> Iterator[Chunk]:
+    def fit_context(self, tokens: list[int], options: DecodeOptions, stats: Stats) -> list[int]:
+        """The prompt, or with options.truncate its last tokens that leave room for max_tokens in the context."""
+        context = self.target.context_length
+        if context is None or len(tokens) <= context:
+            return tokens
+        if not options.truncate:
+            raise UserError(
+                f"the prompt has {len(tokens)} tokens but the model's context is {context}; "
+                "pass --truncate (truncate=True) to keep its last tokens, or shorten it"
+            )
+        keep = max(1, context - min(options.max_tokens, context // 2))
+        stats.prompt_truncated_from = len(tokens)
+        return tokens[-keep:]
+
+    def stream(self, prompt: str | list[int], options: DecodeOptions | None = None, **changes: Any) -> Iterator[Chunk]:
         """Yield text as the target accepts it. Stats of the run land in `self.last_stats` as it goes.
 
-        tree_topk > 1 drafts a tree with the draft model (top-k alternatives at each depth); tree_nodes caps its
-        nodes. lookup=True drafts by prompt lookup, falling back to the draft model when the text does not repeat;
-        lookup_candidates > 1 verifies that many distinct continuations as one tree; corpus_fallback lets lookup guess
-        one token from a stdlib bigram table where nothing matches.
-        heal=True backs the prompt up one token and makes the first token extend it (token healing).
+        `options` (default: this Speculator's) with `changes` applied, e.g. stream(p, temperature=0.7, lookup=True);
+        see DecodeOptions for every field.
         """
-        sampling = SamplingConfig(temperature, top_p, top_k, min_p)
-        sampling.validate()
-        num_draft = self.num_draft if num_draft is None else num_draft
-        _check_num_draft(num_draft)
-        adaptive = num_draft == "auto"
-        num_draft = ADAPTIVE_MAX_DRAFT if adaptive else num_draft
-        if max_tokens < 1:
-            raise UserError(f"max_tokens {max_tokens} must be at least 1")
-        if tree_topk < 1 or (tree_nodes is not None and tree_nodes < tree_topk):
-            raise UserError(f"tree_topk {tree_topk} must be >= 1 and tree_nodes {tree_nodes} >= tree_topk")
-        if tree_nodes:
-            num_draft = max(1, tree_nodes // tree_topk)  # the tree's depth
-        tokens = self.encode(prompt, chat)
+        options = (options or self.options).updated(**changes).validate(self.vocab_size)
+        stats = self.last_stats = Stats()
+        tokens = self.fit_context(self.encode(prompt, options.chat), options, stats)
+        stats.prompt_tokens = len(tokens)
         healed_text, first_token_mask = "", None
-        if heal:
+        if options.heal:
             from .healing import heal as heal_prompt
 
             tokens, healed_text, first_token_mask = heal_prompt(self.tokenizer, tokens)
-        stops = list(stop or [])
-
-        if lookup_candidates < 1:
-            raise UserError(f"lookup_candidates {lookup_candidates} must be at least 1; 1 drafts a single chain")
-        drafter = self._make_drafter(
-            sampling, num_draft, use_draft, tree_topk, lookup, lookup_candidates, corpus_fallback
-        )
-        controller = None
-        if adaptive and isinstance(drafter, DraftModelDrafter) and tree_topk == 1:
-            controller = self.draft_length_controller(num_draft)
+        stats.seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
+        drafter, controller, stats.note = self._drafting(options)
+        stats.mode = describe_drafter(drafter, options)
+        stats.num_draft = 0 if drafter is None else ("auto" if controller is not None else options.depth)
         engine = SpeculativeEngine(
             self.target.model,
             drafter,
-            sampling,
-            num_draft=num_draft,
-            seed=seed,
-            kv_bits=self.kv_bits,
+            options.sampling,
+            num_draft=options.depth,
+            seed=stats.seed,
+            kv_bits=options.kv_bits,
             context_length=self.target.context_length,
-            max_nodes=num_draft * max(tree_topk, lookup_candidates if lookup else 1),
+            max_nodes=options.max_nodes,
             controller=controller,
         )
         engine.first_token_mask = first_token_mask
-        stats = self.last_stats = Stats(prompt_tokens=len(tokens))
-        if controller is not None and not controller.can_win:
-            stats.note = "verification costs too much on this device for drafting to pay; decoding plainly"
+        yield from self._run(engine, drafter, tokens, options, stats, healed_text)
+
+    def _run(self, engine, drafter, tokens, options: DecodeOptions, stats: Stats, healed_text: str) -> Iterator[Chunk]:
         mx.reset_peak_memory()
         start = time.perf_counter()
         engine.prefill(tokens)
         stats.prompt_seconds = time.perf_counter() - start
-
-        text = TextStream(self.tokenizer, stops, stop_at_eos, skip=len(healed_text))
+        text = TextStream(self.tokenizer, options.stop, options.stop_at_eos, skip=len(healed_text))
         start = time.perf_counter()
         finish = None
         while finish is None:
-            step = engine.step(max_tokens - stats.generated_tokens)
+            step = engine.step(options.max_tokens - stats.generated_tokens)
             stats.target_calls = engine.target_calls
             stats.drafted += step.drafted
             stats.accepted += step.accepted
-            stats.tree_nodes = max(stats.tree_nodes, step.drafted + 1 if tree_topk > 1 else 0)
+            stats.tree_nodes = max(stats.tree_nodes, step.drafted + 1 if options.tree_topk > 1 else 0)
             new_tokens, saw_eos = text.cut_at_eos(step.tokens)
             stats.generated_tokens += len(new_tokens)
             room = engine.room()  # positions left in the target's context after the pending token
             if saw_eos:
                 finish = "stop"
-            elif stats.generated_tokens >= max_tokens or (room is not None and room < 0):
+            elif stats.generated_tokens >= options.max_tokens or (room is not None and room < 0):
                 finish = "length"
             piece, stopped = text.add(new_tokens, final=finish is not None)
             finish = "stop" if stopped else finish
@@ -236,12 +253,58 @@ class Speculator:
             stats.peak_memory_bytes = mx.get_peak_memory()
             yield Chunk(piece, new_tokens, finish)
 
-    def draft_length_controller(self, max_draft: int):
+    def _drafting(self, options: DecodeOptions) -> tuple[Drafter | None, Any, str]:
+        """(drafter, adaptive controller, a note when falling back to plain decoding) for these options."""
+        from .caches import rollback_blocker
+
+        wants_model = options.use_draft and (self.draft is not None or self.medusa is not None)
+        if not (wants_model or options.lookup):
+            if options.tree_topk > 1:
+                raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
+            return None, None, ""
+        blocker = rollback_blocker(self.target.model)
+        if blocker is not None:
+            if not self.options.lookup or wants_model:  # asked for by name: refuse rather than silently not draft
+                from .caches import model_family
+
+                raise UserError(
+                    f"{model_family(self.target.model)} keeps recurrent state ({blocker}) that cannot be rolled "
+                    "back, so it cannot be drafted for yet; decode plainly with --no-draft"
+                )
+            note = f"the target keeps recurrent state ({blocker}) that cannot be rolled back; decoding plainly"
+            return None, None, note
+        successors = self.corpus_successors() if options.lookup and options.corpus_fallback else None
+        drafter = make_drafter(
+            options,
+            draft_model=self.draft.model if self.draft is not None else None,
+            medusa=self.medusa,
+            target_model=self.target.model,
+            successors=successors,
+        )
+        controller = None
+        if (
+            options.adaptive
+            and options.tree_topk == 1
+            and isinstance(drafter, (DraftModelDrafter, PromptLookupDrafter))
+        ):
+            controller = self.draft_length_controller(options.depth, with_draft=isinstance(drafter, DraftModelDrafter))
+            if not controller.can_win:
+                return None, None, "verification costs too much on this device for drafting to pay; decoding plainly"
+            if isinstance(drafter, PromptLookupDrafter):
+                controller = None  # lookup drafts what matches, up to k; the curve only decides whether to draft
+        return drafter, controller, ""
+
+    def draft_length_controller(self, max_draft: int, with_draft: bool = True):
         """Adaptive draft length from this device's measured cost curve (measured once, then cached)."""
         from .costs import DraftLengthController, cached_curve
 
+        draft = self.draft if with_draft else None
         curve = cached_curve(
-            self.target.model, self.draft.model, self.target.path, self.draft.path, sizes=tuple(range(1, max_draft + 2))
+            self.target.model,
+            draft.model if draft else None,
+            self.target.path,
+            draft.path if draft else None,
+            sizes=tuple(range(1, max_draft + 2)),
         )
         return DraftLengthController(curve, max_draft)
 
@@ -250,51 +313,21 @@ class Speculator:
         if self._successors is None:
             from .ngram_table import corpus_successors
 
-            vocab = getattr(getattr(self.target.model, "args", None), "vocab_size", None)
-            self._successors = corpus_successors(self.tokenizer, vocab or len(self.tokenizer.get_vocab()))
+            self._successors = corpus_successors(self.tokenizer, self.vocab_size)
         return self._successors
 
-    def _make_drafter(
-        self,
-        sampling: SamplingConfig,
-        num_draft: int,
-        use_draft: bool,
-        tree_topk: int,
-        lookup: bool,
-        lookup_candidates: int = 1,
-        corpus_fallback: bool = True,
-    ) -> Drafter | None:
-        model_drafter = None
-        if use_draft and self.medusa is not None:
-            from .medusa import MedusaDrafter
-
-            model_drafter = MedusaDrafter(
-                self.medusa, self.target.model, tree_nodes=num_draft * tree_topk, tree_topk=tree_topk
-            )
-        elif use_draft and self.draft is not None:
-            model_drafter = DraftModelDrafter(
-                self.draft.model,
-                sampling,
-                num_draft,
-                kv_bits=self.kv_bits,
-                kv_window=self.draft_window,
-                tree_topk=tree_topk,
-            )
-        elif tree_topk > 1:
-            raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
-        if lookup:
-            successors = self.corpus_successors() if corpus_fallback else None
-            lookup_drafter = PromptLookupDrafter(max_candidates=lookup_candidates, successors=successors)
-            return LookupThenModelDrafter(lookup_drafter, model_drafter) if model_drafter else lookup_drafter
-        return model_drafter
-
-    def generate(self, prompt: str | list[int], **kwargs) -> GenerationResult:
+    def generate(
+        self, prompt: str | list[int], options: DecodeOptions | None = None, **changes: Any
+    ) -> GenerationResult:
         pieces, tokens, finish = [], [], None
-        for chunk in self.stream(prompt, **kwargs):
+        for chunk in self.stream(prompt, options, **changes):
             pieces.append(chunk.text)
             tokens.extend(chunk.tokens)
             finish = chunk.finish_reason
         return GenerationResult("".join(pieces), tokens, self.last_stats, finish)
+
+
+LOAD_KEYS = ("num_draft", "quantize_target", "kv_bits", "draft_window", "medusa", "draft_bits")
 
 
 def load(
@@ -305,30 +338,42 @@ def load(
     kv_bits: int | None = None,
     draft_window: int | None = None,
     medusa: str | Path | None = None,
+    options: DecodeOptions | None = None,
+    draft_bits: int | None = None,
 ) -> Speculator:
-    """Load a target and a draft once. draft="auto" uses the embedded draft with the embedded target; None disables."""
+    """Load a target and a drafter once.
+
+    draft="auto": the embedded draft with the embedded target; with any other target no draft model, and prompt
+    lookup drafts instead (free, and skipped where it cannot pay). draft=None: no drafter unless options ask.
+    num_draft, kv_bits and draft_window become the default DecodeOptions of every call.
+    """
+    options = (options or DecodeOptions()).updated(num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window)
+    options = options.validate()
+    for name, bits in (("quantize_target", quantize_target), ("draft_bits", draft_bits)):
+        if bits not in (None, 4, 8):
+            raise UserError(f"{name} {bits!r} is not supported; use 4 or 8")
+    if draft not in (None, "auto") and medusa is not None:
+        raise UserError("a draft model and Medusa heads are two drafters; pass one of them")
     target = load_model(model or DEFAULT_TARGET, quantize_bits=quantize_target)
     if draft == "auto":
         draft = DEFAULT_DRAFT if model is None and medusa is None else None
-    if draft is not None and medusa is not None:
-        raise UserError("a draft model and Medusa heads are two drafters; pass one of them")
-    draft_model = load_model(draft) if draft is not None else None
-    if kv_bits not in (None, 4, 8):
-        raise UserError(f"kv_bits {kv_bits} is not supported; use 4 or 8")
+        if draft is None and medusa is None and not options.lookup:
+            options = options.updated(lookup=True)
+    draft_model = load_model(draft, quantize_bits=draft_bits) if draft is not None else None
     heads = None
     if medusa is not None:
         from .medusa import load_medusa
 
         heads = load_medusa(medusa, target.path)
-    return Speculator(
-        target, draft_model, num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window, medusa=heads
-    )
+    warn_if_slow_blas()
+    return Speculator(target, draft_model, medusa=heads, options=options)
 
 
 def generate(
-    prompt: str, model: str | Path | None = None, draft: str | Path | None = "auto", **kwargs
+    prompt: str | list[int], model: str | Path | None = None, draft: str | Path | None = "auto", **kwargs: Any
 ) -> GenerationResult:
-    """One-shot convenience: load, then generate."""
-    load_keys = {"num_draft", "quantize_target", "kv_bits"}
-    speculator = load(model, draft, **{k: kwargs.pop(k) for k in list(kwargs) if k in load_keys})
-    return speculator.generate(prompt, **kwargs)
+    """One-shot convenience: load (with any of load's keywords), then generate (with any DecodeOptions field)."""
+    load_kwargs = {
+        k: kwargs.pop(k) for k in ("num_draft", "quantize_target", "kv_bits", "draft_window", "medusa") if k in kwargs
+    }
+    return load(model, draft, **load_kwargs).generate(prompt, **kwargs)

@@ -218,7 +218,7 @@ def build_modes(
         if draft is not None:
             modes["mlxspec lookup+draft k=4"] = mlxspec_mode(speculator, lookup=True, num_draft=4)
     if medusa_heads is not None and "medusa" in families:
-        medusa = Speculator(speculator.target, None, medusa=medusa_heads)
+        medusa = Speculator(speculator.target, None, medusa=medusa_heads, options=speculator.options)
         heads = medusa_heads.config.num_heads
         modes["mlxspec medusa chain"] = mlxspec_mode(medusa, num_draft=heads)
         modes[f"mlxspec medusa tree {2 * heads}n"] = mlxspec_mode(medusa, num_draft=heads, tree_topk=2)
@@ -258,16 +258,16 @@ def profile_split(
     speculator: Speculator, prompts: list[list[int]], max_tokens: int, num_draft: int, temperature: float
 ) -> dict[str, float]:
     """Seconds per step spent drafting, verifying, accepting and on bookkeeping (profiling adds syncs)."""
-    from .drafters import DraftModelDrafter
+    from .drafters import make_drafter
     from .engine import SpeculativeEngine
-    from .sampling import SamplingConfig
+    from .options import DecodeOptions
 
-    sampling = SamplingConfig(temperature)
+    options = DecodeOptions(temperature=temperature, num_draft=num_draft)
     totals: dict[str, float] = {}
     steps = 0
     for prompt in prompts:
-        drafter = DraftModelDrafter(speculator.draft.model, sampling, num_draft)
-        engine = SpeculativeEngine(speculator.target.model, drafter, sampling, num_draft=num_draft)
+        drafter = make_drafter(options, draft_model=speculator.draft.model)
+        engine = SpeculativeEngine(speculator.target.model, drafter, options.sampling, num_draft=num_draft)
         engine.prefill(prompt)
         engine.profile = totals
         produced = 0

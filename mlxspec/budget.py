@@ -8,7 +8,8 @@ from dataclasses import replace
 from .devices import Device, live_device, parse_size
 from .errors import UserError
 from .metadata import load_metadata
-from .planner import PlanRequest, format_plan, make_plan, total_bytes
+from .planner import PlanRequest, make_plan, total_bytes
+from .platform import GiB
 
 # Changes --auto may make by itself: each maps a planner suggestion to generate's settings.
 AUTO_FIXES = {
@@ -16,6 +17,7 @@ AUTO_FIXES = {
     "--kv-bits 4": {"kv_bits": 4},
     "--draft-window 1024": {"draft_window": 1024},
     "--quantize-target 4": {"quantize_target": 4},
+    "--draft-bits 4": {"draft_bits": 4},
 }
 
 
@@ -51,15 +53,20 @@ def fit_to_budget(
         kv_bits=settings.get("kv_bits"),
         num_draft=num_draft,
         draft_window=settings.get("draft_window"),
+        draft_bits=settings.get("draft_bits"),
     )
     plan = make_plan(request)
     if not plan.fits:
         fix = next((r for r in plan.recommendations if r["fits"] and r["how"] in AUTO_FIXES), None)
         if not auto or fix is None:
-            advice = "; rerun with --auto to apply the first fix" if fix else ""
+            if fix is not None:
+                advice = f"rerun with --auto to apply `{fix['how']}` ({fix['change']})"
+            else:
+                fitting = next((r for r in plan.recommendations if r["fits"]), None)
+                advice = f"try `{fitting['how']}`" if fitting else "no change mlxspec knows of fits it"
             raise UserError(
-                f"these settings need {plan.total_bytes / 2**30:.2f} GiB but the budget is "
-                f"{size / 2**30:.2f} GiB{advice}:\n{format_plan(plan)}"
+                f"these settings need {plan.total_bytes / GiB:.2f} GiB but the budget is {size / GiB:.2f} GiB; "
+                f"{advice}; `mlxspec plan --model {model} --memory {budget}` shows the details"
             )
         settings = {**settings, **AUTO_FIXES[fix["how"]]}
         report(f"mlxspec: --auto: {fix['change']} ({fix['how']}), to fit {budget}")
@@ -68,6 +75,7 @@ def fit_to_budget(
             kv_bits=settings.get("kv_bits"),
             draft_window=settings.get("draft_window"),
             target_bits=settings.get("quantize_target"),
+            draft_bits=settings.get("draft_bits"),
         )
         assert total_bytes(request) <= size
     mx.set_memory_limit(size)

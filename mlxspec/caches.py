@@ -14,6 +14,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from .errors import UserError
+from .memory_model import kv_group_size_for
 
 
 class WindowKVCache(KVCache):
@@ -88,21 +89,36 @@ class WindowKVCache(KVCache):
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
+def head_dim(model: nn.Module) -> int:
+    """The attention head size mlx-lm uses: head_dim where the config gives it, else hidden_size / heads."""
+    args = getattr(model, "args", None)
+    explicit = getattr(args, "head_dim", None)
+    if explicit:
+        return explicit
+    heads = getattr(args, "num_attention_heads", None)
+    return args.hidden_size // heads if heads else 64
+
+
 def model_family(model: nn.Module) -> str:
     args = getattr(model, "args", None)
     return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
 
 
 def make_speculative_cache(
-    model: nn.Module, max_rollback: int, kv_bits: int | None = None, kv_group_size: int = 64, window: int | None = None
+    model: nn.Module, max_rollback: int, kv_bits: int | None = None, window: int | None = None
 ) -> list[Any]:
     """The model's own cache layout, with every layer made safe to roll back by `max_rollback` tokens.
 
     `window` turns every full-attention layer into a sliding window of that many tokens (for draft models only:
-    it changes what the model computes). Refuses, naming the model family, when a layer's state (an SSM or
-    linear-attention state) cannot be rolled back.
+    it changes what the model computes). With max_rollback 0 (plain decoding) any layer cache is kept as it is;
+    otherwise a layer whose state (an SSM or linear-attention state) cannot be rolled back is refused by name.
     """
     cache = make_prompt_cache(model)
+    kv_group_size = kv_group_size_for(head_dim(model)) if kv_bits else None
+    if kv_bits and kv_group_size is None:
+        raise UserError(
+            f"{model_family(model)} has head_dim {head_dim(model)}, which MLX cannot quantize; drop --kv-bits"
+        )
     out = []
     for layer_cache in cache:
         if window is not None and type(layer_cache) is KVCache:
@@ -122,14 +138,22 @@ def make_speculative_cache(
             out.append(WindowKVCache(layer_cache.max_size, slack=max_rollback))
         elif type(layer_cache) is KVCache:
             out.append(QuantizedKVCache(kv_group_size, kv_bits) if kv_bits else layer_cache)
-        elif isinstance(layer_cache, QuantizedKVCache):
+        elif isinstance(layer_cache, QuantizedKVCache) or max_rollback == 0:
             out.append(layer_cache)
         else:
             raise UserError(
                 f"{model_family(model)} keeps a {type(layer_cache).__name__} state that cannot be rolled back, "
-                "so speculative decoding would not be exact; use --no-draft for this model"
+                "so it cannot be drafted for yet; decode plainly with --no-draft"
             )
     return out
+
+
+def rollback_blocker(model: nn.Module) -> str | None:
+    """The name of the first layer cache type that cannot be rolled back (an SSM or linear-attention state), or None."""
+    for layer_cache in make_prompt_cache(model):
+        if not isinstance(layer_cache, (KVCache, RotatingKVCache, QuantizedKVCache)):
+            return type(layer_cache).__name__
+    return None
 
 
 def rollback(cache: list[Any], num_tokens: int) -> None:

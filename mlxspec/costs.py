@@ -18,37 +18,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
-CACHE_FILE = Path(os.environ.get("MLXSPEC_CACHE", Path.home() / ".cache" / "mlxspec")) / "cost_curves.json"
+from .platform import blas_in_use, cache_dir
 
-
-def blas_in_use() -> str:
-    """Which BLAS MLX's CPU matmuls resolve to: a system or preloaded one, or the wheel's bundled reference BLAS.
-
-    numpy's own OpenBLAS (libscipy_openblas64_, 64-bit symbols) does not count: MLX never calls it.
-    """
-    try:
-        maps = Path("/proc/self/maps").read_text().lower()
-    except OSError:
-        return "platform"  # macOS: Accelerate, always fast
-    libraries = {line.split()[-1] for line in maps.splitlines() if "blas" in line or "mkl" in line}
-    fast = [lib for lib in libraries if "mlx_cpu.libs" not in lib and "scipy_openblas" not in lib]
-    return "openblas" if any("openblas" in lib for lib in fast) else ("other" if fast else "reference")
-
-
-def fast_blas_hint() -> str | None:
-    """One line telling a Linux CPU user how to get a fast BLAS, or None where nothing is to be done."""
-    if mx.default_device().type != mx.DeviceType.cpu or blas_in_use() != "reference":
-        return None
-    if OPENBLAS.exists():
-        return (
-            f"mlxspec: MLX is using reference BLAS; run with LD_PRELOAD={OPENBLAS} OPENBLAS_THREAD_TIMEOUT=4 "
-            "for ~10x faster verification"
-        )
-    return (
-        "mlxspec: MLX is using reference BLAS; `apt-get install libopenblas0-pthread` and "
-        f"LD_PRELOAD={OPENBLAS} OPENBLAS_THREAD_TIMEOUT=4 make verification ~10x faster"
-    )
+CURVES_FILE = "cost_curves.json"
 
 
 @dataclass
@@ -108,12 +80,17 @@ def _time_forward(model: nn.Module, n: int, context: int, repeats: int) -> float
 def measure_curve(
     target: nn.Module, draft: nn.Module | None, sizes=(1, 2, 4, 8, 16, 32), context: int = 256, repeats: int = 7
 ) -> CostCurve:
-    return CostCurve(
-        {n: _time_forward(target, n, context, repeats) for n in sizes},
-        _time_forward(draft, 1, context, repeats) if draft is not None else 0.0,
-        context,
-        blas_in_use(),
-    )
+    from .progress import Progress
+
+    progress = Progress("measuring this device's verification cost once", len(sizes) + (draft is not None))
+    costs = {}
+    for i, n in enumerate(sizes):
+        progress.update(i)
+        costs[n] = _time_forward(target, n, context, repeats)
+    progress.update(len(sizes))
+    draft_one = _time_forward(draft, 1, context, repeats) if draft is not None else 0.0
+    progress.close()
+    return CostCurve(costs, draft_one, context, blas_in_use())
 
 
 def _key(*model_paths: Path | None) -> str:
@@ -137,7 +114,7 @@ def cached_curve(
     """The cost curve for this device, BLAS and model pair, measured once and then read from the cache."""
     key = _key(target_path, draft_path)
     try:
-        stored = json.loads(CACHE_FILE.read_text())
+        stored = json.loads((cache_dir() / CURVES_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         stored = {}
     if key in stored and not refresh:
@@ -148,8 +125,8 @@ def cached_curve(
     curve = measure_curve(target, draft, **kwargs)
     stored[key] = asdict(curve)
     try:
-        CACHE_FILE.parent.mkdir(parents=True, exist_ok=True)
-        CACHE_FILE.write_text(json.dumps(stored, indent=1))
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        (cache_dir() / CURVES_FILE).write_text(json.dumps(stored, indent=1))
     except OSError:
         pass  # a read-only home only costs a re-measurement next time
     return curve

@@ -7,12 +7,12 @@ import re
 from dataclasses import dataclass
 
 from .errors import UserError
+from .platform import GiB
 
-GiB = 2**30
-GB = 10**9
-REPORTED = "reported max_recommended_working_set_size on such machines (figures quoted in mlxspec issue #5)"
+REPORTED = "max_recommended_working_set_size reported by MLX users on such machines; assumes nothing else runs"
 ESTIMATED = (
-    "estimated: no reported figure; 2/3 of RAM below 32 GB, 75% up to 128 GB, 80% above, as reported machines do"
+    "an estimate, not a reported figure: 2/3 of RAM below 32 GB, 75% from 32 GB up (the published share); "
+    "assumes nothing else runs"
 )
 
 
@@ -26,7 +26,7 @@ class Device:
 
 
 def _estimate(ram_gb: int) -> int:
-    ratio = 2 / 3 if ram_gb < 32 else 0.75 if ram_gb <= 128 else 0.80
+    ratio = 2 / 3 if ram_gb < 32 else 0.75
     return int(ram_gb * GiB * ratio)
 
 
@@ -46,12 +46,15 @@ PRESETS: dict[str, Device] = {
 
 def parse_size(text: str) -> int:
     """'16GB', '10.7GiB', '512MB', '8g' -> bytes. Decimal units are powers of 10, 'i' units powers of 2."""
-    match = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?)b?\s*", str(text).lower())
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)b?\s*", str(text).lower())
     if not match:
         raise UserError(f"memory size '{text}' is not understood; write it like 16GB, 10.7GiB or 512MB")
     value, unit, binary = match.groups()
     power = "kmgt".find(unit) + 1 if unit else 0
-    return int(float(value) * (1024 if binary else 1000) ** power)
+    size = int(float(value) * (1024 if binary else 1000) ** power)
+    if size <= 0:
+        raise UserError(f"memory size '{text}' is zero; give a budget like 8GB")
+    return size
 
 
 def live_device() -> Device:
@@ -72,9 +75,17 @@ def live_device() -> Device:
 
 
 def resolve_device(preset: str | None = None, memory: str | None = None) -> Device:
+    if memory and preset:
+        raise UserError(f"--memory {memory} and --device {preset} are two budgets; pass one of them")
     if memory:
         size = parse_size(memory)
-        return Device(f"{memory} budget", size, size, "--memory as given")
+        return Device(
+            f"{memory} budget",
+            size,
+            size,
+            f"--memory as given ({size / GiB:.2f} GiB), all of it usable; a Mac lets MLX use less than its RAM "
+            "(a 16 GB Mac: --device m2-16gb, 10.7 GiB)",
+        )
     if preset:
         if preset not in PRESETS:
             raise UserError(f"device '{preset}' is unknown; choose one of {', '.join(PRESETS)} or pass --memory 16GB")

@@ -7,7 +7,7 @@ sampling), or a deterministic tree or chain (verified by sampling the target at 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -15,8 +15,12 @@ import numpy as np
 
 from .caches import cache_offset, make_speculative_cache, rollback
 from .compiled_draft import CompiledDraftChain, pick_draft_token, supports_compiled_draft
+from .errors import UserError
 from .sampling import SamplingConfig
-from .trees import TreeShape
+from .trees import TreeShape, caterpillar_parents, continuation_tree
+
+if TYPE_CHECKING:
+    from .options import DecodeOptions
 
 
 @dataclass
@@ -31,16 +35,23 @@ class Draft:
 
 
 class Drafter(Protocol):
+    """What the engine asks of a drafter. Subclass it to inherit the defaults of the optional parts."""
+
     calls: int
+    uses_target_hidden: bool = False  # True: the engine hands over the target's hidden state after every step
+    max_nodes: int = 0  # the most nodes one proposal may hold (0: no more than the engine's num_draft)
 
     def prefill(self, prompt: list[int]) -> None:
         """See the whole prompt; the last prompt token is where drafting continues from."""
 
-    def propose(self, num_tokens: int, key: mx.array) -> Draft | None:
+    def propose(self, num_tokens: int, key: mx.array | None) -> Draft | None:
         """Draft about num_tokens tokens (a chain of that length, or a tree that deep) lazily, or None."""
 
     def accept(self, emitted: list[int], drafted: list[int]) -> None:
         """The step's outcome: the emitted tokens and, as host ints, the tokens this drafter proposed."""
+
+    def set_hidden(self, hidden: mx.array | None) -> None:
+        """The target's final hidden state at the last kept position (lazy); only for uses_target_hidden."""
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -50,7 +61,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """A small autoregressive model sharing the target's tokenizer.
 
     tree_topk == 1: a chain sampled from the draft's processed distributions (Leviathan et al., Chen et al.).
@@ -125,8 +136,7 @@ class DraftModelDrafter:
         self._chain_nodes = [1 + i * k for i in range(num_tokens)]
         if k == 1:
             return Draft(tokens, probs)
-        parents = [-1] + [0 if i == 0 else 1 + (i - 1) * k for i in range(num_tokens) for _ in range(k)]
-        return Draft(tokens, None, TreeShape(tuple(parents)))
+        return Draft(tokens, None, TreeShape(caterpillar_parents(num_tokens, k)))
 
     def accept(self, emitted: list[int], drafted: list[int]) -> None:
         if self._chain_nodes:
@@ -144,7 +154,7 @@ class DraftModelDrafter:
         self._chain_nodes = []
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Drafts by finding earlier occurrences of the last n tokens and copying what followed them.
 
     No model and no memory; strong on code edits and repetitive text. Deterministic, so verified by sampling.
@@ -211,29 +221,17 @@ class PromptLookupDrafter:
         self.history.extend(emitted)
 
 
-def continuation_tree(continuations: list[list[int]]) -> tuple[list[int], list[int]]:
-    """The prefix tree of token sequences in BFS order: (node tokens without the root, parents with the root's -1).
-
-    Shared prefixes become one path, so siblings are distinct, as exact tree verification requires.
-    """
-    node_of: dict[tuple[int, ...], int] = {(): 0}
-    tokens, parents = [], [-1]
-    for depth in range(max(len(c) for c in continuations)):
-        for continuation in continuations:
-            prefix = tuple(continuation[: depth + 1])
-            if len(prefix) == depth + 1 and prefix not in node_of:
-                node_of[prefix] = len(parents)
-                parents.append(node_of[prefix[:-1]])
-                tokens.append(prefix[-1])
-    return tokens, parents
-
-
-class LookupThenModelDrafter:
+class LookupThenModelDrafter(Drafter):
     """Prompt lookup when the context repeats itself, the draft model otherwise."""
 
-    def __init__(self, lookup: PromptLookupDrafter, model: DraftModelDrafter, min_match: int = 2):
+    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, min_match: int = 2):
         self.lookup, self.model, self.min_match = lookup, model, min_match
+        self.uses_target_hidden = model.uses_target_hidden
+        self.max_nodes = model.max_nodes
         self._used: Drafter | None = None
+
+    def set_hidden(self, hidden: mx.array | None) -> None:
+        self.model.set_hidden(hidden)
 
     @property
     def calls(self) -> int:
@@ -254,3 +252,39 @@ class LookupThenModelDrafter:
     def accept(self, emitted: list[int], drafted: list[int]) -> None:
         self.lookup.accept(emitted, drafted if self._used is self.lookup else [])
         self.model.accept(emitted, drafted if self._used is self.model else [])
+
+
+def make_drafter(
+    options: DecodeOptions,
+    draft_model: nn.Module | None = None,
+    medusa: Any = None,
+    target_model: nn.Module | None = None,
+    successors: np.ndarray | None = None,
+) -> Drafter | None:
+    """The drafter `options` ask for: Medusa heads (on target_model) or a draft model, optionally behind prompt
+    lookup (with its corpus table `successors`); None decodes plainly. The one place drafters are wired."""
+    sampling, depth = options.sampling, options.depth
+    model_drafter: Drafter | None = None
+    if options.use_draft and medusa is not None:
+        from .medusa import MedusaDrafter
+
+        model_drafter = MedusaDrafter(
+            medusa, target_model, tree_nodes=depth * options.tree_topk, tree_topk=options.tree_topk
+        )
+    elif options.use_draft and draft_model is not None:
+        model_drafter = DraftModelDrafter(
+            draft_model,
+            sampling,
+            depth,
+            kv_bits=options.kv_bits,
+            kv_window=options.draft_window,
+            tree_topk=options.tree_topk,
+        )
+    elif options.tree_topk > 1:
+        raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
+    if not options.lookup:
+        return model_drafter
+    lookup = PromptLookupDrafter(
+        max_candidates=options.lookup_candidates, successors=successors if options.corpus_fallback else None
+    )
+    return LookupThenModelDrafter(lookup, model_drafter) if model_drafter is not None else lookup

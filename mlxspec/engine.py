@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .acceptance import accept_chain, accept_deterministic_chain
-from .caches import cache_offset, make_speculative_cache, rollback
+from .caches import make_speculative_cache, rollback
 from .drafters import Draft, Drafter
-from .medusa import forward_with_hidden
 from .sampling import SamplingConfig, sample, to_probs
+from .target_features import forward_with_hidden
 from .tree_attention import keep_tree_path, tree_verification
 from .trees import accept_tree_samples
 
@@ -35,6 +35,8 @@ class StepResult:
     tokens: list[int]  # accepted drafts, then the target's own token
     drafted: int  # tokens (chain) or nodes (tree) proposed
     accepted: int
+    proposed: list[int] = field(default_factory=list)  # the drafted node tokens as host ints, BFS order
+    last_node: int = 0  # row of this step's target forward at the deepest kept node (-1: its last row)
 
 
 class SpeculativeEngine:
@@ -63,13 +65,17 @@ class SpeculativeEngine:
         self.profile: dict[str, float] | None = None  # set to {} to time draft/verify/accept/bookkeeping
         self.first_token_mask: mx.array | None = None  # token healing: [V] allowed first tokens, one plain step
         self._mark_time = 0.0
-        rollback_room = max(self.num_draft, max_nodes or 0, getattr(drafter, "max_nodes", 0)) + 1
+        # Plain decoding never rolls back, so it runs on any cache, recurrent ones included.
+        rollback_room = max(self.num_draft, max_nodes or 0, drafter.max_nodes) + 1 if drafter is not None else 0
         self.cache = make_speculative_cache(target, max_rollback=rollback_room, kv_bits=kv_bits)
         self.key = mx.random.key(seed)
         self.pending: list[int] = []
+        # Tokens the target cache holds. Kept here, not read off the cache: recurrent layers (ArraysCache) have no
+        # offset, and plain decoding runs on them too.
+        self.position = 0
         self.target_calls = 0
         # Medusa drafts from the target's own hidden states, so the target forward must return them.
-        self.wants_hidden = getattr(drafter, "uses_target_hidden", False)
+        self.wants_hidden = drafter is not None and drafter.uses_target_hidden
         self._hidden: mx.array | None = None
         self._prefetched: mx.array | None = None  # [1, V] lazy logits of a queued plain forward (see _plain_step)
 
@@ -85,6 +91,7 @@ class SpeculativeEngine:
             else:
                 self.target(chunk, cache=self.cache)
                 mx.eval([c.state for c in self.cache])
+            self.position += chunk.shape[1]
         self.pending = [prompt[-1]]
         if self.drafter is not None:
             self.drafter.prefill(prompt)
@@ -96,7 +103,7 @@ class SpeculativeEngine:
         negative value means no further token fits."""
         if self.context_length is None:
             return None
-        return self.context_length - cache_offset(self.cache) - len(self.pending)
+        return self.context_length - self.position - len(self.pending)
 
     def _mark(self, phase: str, *arrays) -> None:
         """Profiling only: finish `arrays`, charge the time since the last mark to `phase` (adds syncs)."""
@@ -135,9 +142,9 @@ class SpeculativeEngine:
         if self.controller is not None:
             self.controller.update(result.drafted, result.accepted)
         if self.drafter is not None:
-            self.drafter.accept(result.tokens, self._drafted_host)
+            self.drafter.accept(result.tokens, result.proposed)
             if self.wants_hidden:  # the hidden state at the last kept node predicts past the new pending token
-                self.drafter.set_hidden(self._hidden[self._last_kept_node])
+                self.drafter.set_hidden(self._hidden[result.last_node])
         self._mark("bookkeeping")
         return result
 
@@ -151,6 +158,7 @@ class SpeculativeEngine:
             self._hidden = hidden[0]
         else:
             logits = self.target(inputs[None], cache=self.cache)
+        self.position += inputs.shape[0]
         logits = logits[0]
         if self.first_token_mask is not None:
             vocab = min(logits.shape[-1], self.first_token_mask.shape[0])
@@ -174,15 +182,19 @@ class SpeculativeEngine:
         token = self._target_samples(logits[-1:], key)
         self._mark("verify", token)
         self._prefetched = None
-        free = None if self.context_length is None else self.context_length - cache_offset(self.cache)
+        free = None if self.context_length is None else self.context_length - self.position
         if self._decodes_plainly() and max_new_tokens > 1 and (free is None or free > 0):
             self._prefetched = self.target(token[None], cache=self.cache)[0]
+            self.position += 1
             mx.async_eval(self._prefetched)
         value = to_host(token)[0]
         self._mark("accept")
-        self._drafted_host, self._last_kept_node = [], -1
         self.pending = [] if self._prefetched is not None else [value]
-        return StepResult([value], 0, 0)
+        return StepResult([value], 0, 0, [], -1)
+
+    def _roll_back(self, num_tokens: int) -> None:
+        rollback(self.cache, num_tokens)
+        self.position -= max(0, num_tokens)
 
     def _decodes_plainly(self) -> bool:
         """Whether every later step is certain to be plain decoding (no drafter, or one that cannot pay)."""
@@ -199,18 +211,17 @@ class SpeculativeEngine:
             draft.tokens, pad_vocab(draft.probs, vocab), pad_vocab(target_probs, vocab), key, self.sampling.greedy
         )
         values = to_host(mx.concatenate([num_accepted[None], next_token[None], draft.tokens]))
-        num_accepted, next_token, self._drafted_host = values[0], values[1], values[2:]
+        num_accepted, next_token, proposed = values[0], values[1], values[2:]
         self._mark("accept")
-        self._last_kept_node = num_accepted
-        rollback(self.cache, num_draft - num_accepted)
+        self._roll_back(num_draft - num_accepted)
         self.pending = [next_token]
-        return StepResult(self._drafted_host[:num_accepted] + [next_token], num_draft, num_accepted)
+        return StepResult(proposed[:num_accepted] + [next_token], num_draft, num_accepted, proposed, num_accepted)
 
     def _verify_deterministic(self, draft: Draft, key: mx.array | None) -> StepResult:
         """A deterministic chain or tree (greedy drafts, prompt lookup, top-k trees, Medusa), verified node by node.
 
         A chain needs no tree machinery: the causal mask is its ancestor mask and rollback is moving the offset."""
-        shape, prefix = draft.tree, cache_offset(self.cache)
+        shape, prefix = draft.tree, self.position
         if shape.is_chain:
             logits = self._target_logits(draft)
         else:
@@ -225,13 +236,13 @@ class SpeculativeEngine:
             parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
             deepest, next_token = accept_tree_samples(node_tokens, parents, samples, shape.max_depth)
         values = to_host(mx.concatenate([deepest[None], next_token[None], draft.tokens]))
-        deepest, next_token, self._drafted_host = values[0], values[1], values[2:]
+        deepest, next_token, proposed = values[0], values[1], values[2:]
         self._mark("accept")
-        self._last_kept_node = deepest
         path = shape.path_to(deepest)
         if shape.is_chain:
-            rollback(self.cache, shape.size - 1 - deepest)
+            self._roll_back(shape.size - 1 - deepest)
         else:
             keep_tree_path(self.cache, prefix, [0, *path])
+            self.position = prefix + 1 + len(path)
         self.pending = [next_token]
-        return StepResult([self._drafted_host[i - 1] for i in path] + [next_token], shape.size - 1, len(path))
+        return StepResult([proposed[i - 1] for i in path] + [next_token], shape.size - 1, len(path), proposed, deepest)

@@ -12,8 +12,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import UserError
+from .platform import models_dir
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+MODELS_DIR = models_dir()
 DEFAULT_TARGET = MODELS_DIR / "target"
 DEFAULT_DRAFT = MODELS_DIR / "draft"
 HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -66,16 +67,50 @@ def resolve_model_path(name: str | Path) -> Path:
     )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
+
+def check_model_files(path: Path) -> None:
+    """Refuse, naming the file, a model directory mlx-lm would fail on with a traceback: an unreadable config, a
+    damaged or missing weights file (an interrupted download), or no tokenizer."""
+    from .metadata import _read_config, safetensors_header
+
+    config = _read_config(path / "config.json")
+    if not isinstance(config.get("model_type"), str):
+        raise UserError(f"'{path / 'config.json'}' has no model_type; is it an mlx-lm or Hugging Face model?")
+    weights = sorted(p for p in path.glob("*.safetensors") if p.exists() or p.is_symlink())
+    if not weights:
+        raise UserError(
+            f"'{path}' has no .safetensors weights; download the whole model or convert it with mlx_lm.convert"
+        )
+    for file in weights:
+        safetensors_header(file)
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise UserError(
+            f"'{path}' has no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}); copy the tokenizer files of the "
+            "model it was converted from into it"
+        )
+
+
 def load_model(name: str | Path, quantize_bits: int | None = None, group_size: int = 64) -> LoadedModel:
     """Load an mlx-lm model; on the CPU backend compute in float32, since half-precision matmul is emulated there."""
     from mlx_lm.utils import load as mlx_lm_load
     from mlx_lm.utils import quantize_model
+    from transformers.utils import logging as transformers_logging
 
+    # Its "sequence length is longer than the specified maximum" warning would precede mlxspec's own one line.
+    transformers_logging.set_verbosity_error()
     path = resolve_model_path(name)
+    check_model_files(path)
     try:
         model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
-    except (ValueError, FileNotFoundError, json.JSONDecodeError) as exc:
-        raise UserError(f"could not load '{name}': {str(exc).splitlines()[0]}") from None
+    except (ValueError, FileNotFoundError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"could not load '{name}': {detail}") from None
+    except (RuntimeError, OSError, OverflowError) as exc:  # what a damaged weights file raises inside mlx
+        raise UserError(
+            f"could not read the weights in '{name}' ({type(exc).__name__}); re-download the model"
+        ) from None
     if quantize_bits:
         if quantize_bits not in (4, 8):
             raise UserError(f"--quantize-target {quantize_bits} is not supported; use 4 or 8")

@@ -12,35 +12,17 @@ import json
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .drafters import Draft
+from .drafters import Draft, Drafter
 from .errors import UserError
-from .trees import TreeShape
+from .target_features import output_head
+from .trees import TreeShape, rank_paths_parents, sparse_tree
 
 CONFIG_FILE, WEIGHTS_FILE = "medusa_config.json", "medusa.safetensors"
-
-
-def output_head(model: nn.Module):
-    """h -> logits exactly as the model's own __call__ computes them from model.model's output."""
-    base = model.lm_head if "lm_head" in model else model.model.embed_tokens.as_linear
-    cap = getattr(model, "final_logit_softcapping", None)
-
-    def head(h: mx.array) -> mx.array:
-        out = base(h)
-        return mx.tanh(out / cap) * cap if cap else out
-
-    return head
-
-
-def forward_with_hidden(model: nn.Module, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
-    """(final hidden states [B, L, D], logits [B, L, V]) from one forward pass."""
-    hidden = model.model(inputs, cache=cache)
-    return hidden, output_head(model)(hidden)
 
 
 def base_model_identity(model_dir: Path) -> str:
@@ -121,24 +103,7 @@ def load_medusa(path: str | Path, base_model_dir: Path) -> MedusaHeads:
     return heads
 
 
-def sparse_tree(topk_accuracy: list[list[float]], max_nodes: int, max_topk: int) -> list[tuple[int, ...]]:
-    """Medusa's static sparse tree: the max_nodes rank-paths (r1, .., rd) with the highest estimated probability
-    prod_d acc[d][r_d], each added only after its parent. Returned in BFS order (by depth, then probability)."""
-    chosen: list[tuple[tuple[int, ...], float]] = []
-    frontier = [((r,), topk_accuracy[0][r]) for r in range(min(max_topk, len(topk_accuracy[0])))]
-    while frontier and len(chosen) < max_nodes:
-        frontier.sort(key=lambda item: -item[1])
-        path, prob = frontier.pop(0)
-        chosen.append((path, prob))
-        depth = len(path)
-        if depth < len(topk_accuracy):
-            frontier += [
-                (path + (r,), prob * topk_accuracy[depth][r]) for r in range(min(max_topk, len(topk_accuracy[depth])))
-            ]
-    return [p for p, _ in sorted(chosen, key=lambda item: (len(item[0]), -item[1]))]
-
-
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     """Drafts a static sparse tree (or the top-1 chain) from Medusa heads on the target's last hidden state."""
 
     uses_target_hidden = True
@@ -153,8 +118,7 @@ class MedusaDrafter:
             self.paths = [(0,) * d for d in range(1, num_heads + 1)]
         self.max_rank = 1 + max(max(p) for p in self.paths)
         self.max_nodes = len(self.paths)
-        index = {path: i + 1 for i, path in enumerate(self.paths)}
-        self.shape_parents = tuple([-1] + [index.get(p[:-1], 0) for p in self.paths])
+        self.shape_parents = rank_paths_parents(self.paths)
         self.head_index = mx.array([len(p) - 1 for p in self.paths])
         self.rank_index = mx.array([p[-1] for p in self.paths])
         self.hidden: mx.array | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,8 +16,10 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .corpus import read_text, split_files
+from .errors import UserError
 from .loading import LoadedModel
-from .medusa import MedusaConfig, MedusaHeads, base_model_identity, output_head, save_medusa
+from .medusa import CONFIG_FILE, MedusaConfig, MedusaHeads, base_model_identity, save_medusa
+from .target_features import output_head
 
 HEAD_DECAY = 0.8  # later heads are harder; weight their loss less, as Medusa does
 
@@ -34,6 +37,50 @@ class MedusaTrainConfig:
     distill_sequences: int = 512
     eval_windows: int = 64
     shared_lm_head: bool = True
+
+    def validate(self, context_length: int | None = None) -> None:
+        """Refuse values that would crash or waste a run (a 100000-token window asks for hundreds of GB)."""
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise UserError(f"--lr {self.lr} must be a finite number above 0; 1e-3 is a good start")
+        if self.seq_len < self.num_heads + 2:
+            raise UserError(
+                f"--seq-len {self.seq_len} leaves no targets for {self.num_heads} heads; "
+                f"use at least {self.num_heads + 2}"
+            )
+        if context_length is not None and self.seq_len > context_length:
+            raise UserError(
+                f"--seq-len {self.seq_len} is past the model's context of {context_length}; use at most that"
+            )
+
+
+def prepare_out_dir(out_dir: Path) -> None:
+    """Make --out, refusing a file, an unwritable place, or finished heads that training would overwrite."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out '{out_dir}' is a file; pass a directory (it is created if missing)")
+    if (out_dir / CONFIG_FILE).exists() and not (out_dir / "checkpoint" / "state.json").exists():
+        raise UserError(f"--out '{out_dir}' already holds trained heads; pass a new directory or remove them first")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".mlxspec-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"cannot write to --out '{out_dir}': {exc.strerror}") from None
+
+
+def check_resume(state: dict, config: MedusaConfig, out_dir: Path) -> None:
+    """A checkpoint resumes only the run it came from: same heads, LM-head layout and base model."""
+    for key, want in (
+        ("num_heads", config.num_heads),
+        ("shared_lm_head", config.shared_lm_head),
+        ("base_model_identity", config.base_model_identity),
+    ):
+        if key in state and state[key] != want:
+            what = "another base model" if key == "base_model_identity" else f"{key} {state[key]}"
+            raise UserError(
+                f"the checkpoint in '{out_dir}' was made with {what}, not this run's; "
+                "pass a new --out or the settings it was made with"
+            )
 
 
 def token_stream(files: list[Path], tokenizer) -> np.ndarray:
@@ -100,6 +147,18 @@ def train_medusa(
     target: LoadedModel, out_dir: Path, cfg: MedusaTrainConfig, log: Callable[[str], None] = print
 ) -> MedusaHeads:
     mx.random.seed(cfg.seed)
+    config = MedusaConfig(
+        cfg.num_heads,
+        target.config["hidden_size"],
+        target.config["vocab_size"],
+        cfg.shared_lm_head,
+        target.path.name,
+        base_model_identity(target.path),
+        data=cfg.data,
+    )
+    ckpt = out_dir / "checkpoint"
+    state = json.loads((ckpt / "state.json").read_text()) if (ckpt / "state.json").exists() else {"step": 0}
+    check_resume(state, config, out_dir)  # before minutes of tokenizing, not after
     train_files, heldout_files = split_files()
     stream = token_stream(train_files, target.tokenizer)
     if cfg.data == "self-distill":
@@ -111,15 +170,6 @@ def train_medusa(
             out_dir.mkdir(parents=True, exist_ok=True)
             np.save(cached, stream)
     heldout = token_stream(heldout_files, target.tokenizer)
-    config = MedusaConfig(
-        cfg.num_heads,
-        target.config["hidden_size"],
-        target.config["vocab_size"],
-        cfg.shared_lm_head,
-        target.path.name,
-        base_model_identity(target.path),
-        data=cfg.data,
-    )
     heads = MedusaHeads(config)
     target.model.freeze()
     base_head = output_head(target.model)
@@ -138,15 +188,20 @@ def train_medusa(
         return (head_losses(model, hidden, tokens, base_head) * weights).sum() / weights.sum()
 
     step_fn = nn.value_and_grad(heads, loss_fn)
-    ckpt = out_dir / "checkpoint"
-    state = {"step": 0}
-    if (ckpt / "state.json").exists():
-        heads.load_weights(str(ckpt / "heads.safetensors"))
+    if state["step"]:
+        try:
+            heads.load_weights(str(ckpt / "heads.safetensors"))
+        except ValueError:
+            raise UserError(f"the checkpoint in '{out_dir}' does not fit this run's heads; pass a new --out") from None
         optimizer.state = tree_unflatten(list(mx.load(str(ckpt / "opt.safetensors")).items()))
-        state = json.loads((ckpt / "state.json").read_text())
         log(f"resumed at step {state['step']}")
+    state.update(
+        num_heads=config.num_heads, shared_lm_head=config.shared_lm_head, base_model_identity=config.base_model_identity
+    )
+    if len(stream) <= cfg.seq_len:
+        raise UserError(f"--seq-len {cfg.seq_len} is longer than the whole training text ({len(stream)} tokens)")
     rng = np.random.default_rng(cfg.seed + state["step"])
-    start = time.perf_counter()
+    start, first_step = time.perf_counter(), state["step"]
     while state["step"] < cfg.steps:
         starts = rng.integers(0, len(stream) - cfg.seq_len, cfg.batch_size)
         tokens = mx.array(np.stack([stream[s : s + cfg.seq_len] for s in starts]))
@@ -154,9 +209,17 @@ def train_medusa(
         loss, grads = step_fn(heads, hidden, tokens)
         optimizer.update(heads, grads)
         mx.eval(heads.parameters(), optimizer.state, loss)
+        if not math.isfinite(loss.item()):
+            raise UserError(
+                f"the loss became {loss.item()} at step {state['step'] + 1}; nothing was saved past the last "
+                "checkpoint: lower --lr"
+            )
         state["step"] += 1
-        rate = state["step"] * cfg.batch_size * cfg.seq_len / (time.perf_counter() - start)
-        log(f"step {state['step']}/{cfg.steps} loss {loss.item():.3f} {rate:,.0f} tok/s")
+        elapsed = time.perf_counter() - start
+        done = state["step"] - first_step  # this session's steps: a resumed run's rate counts only them
+        rate = done * cfg.batch_size * cfg.seq_len / elapsed
+        eta = (cfg.steps - state["step"]) * elapsed / done
+        log(f"step {state['step']}/{cfg.steps} loss {loss.item():.3f} {rate:,.0f} tok/s, ETA {eta:.0f} s")
         if state["step"] % 50 == 0 or state["step"] == cfg.steps:
             ckpt.mkdir(parents=True, exist_ok=True)
             heads.save_weights(str(ckpt / "heads.safetensors"))

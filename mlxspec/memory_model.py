@@ -8,8 +8,59 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .errors import UserError
+
 KV_STEP = 256  # mlx-lm's KVCache grows in 256-token blocks and never shrinks on trim
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# Families whose layout the arithmetic below knows exactly (tested against instantiated mlx-lm models), with the
+# tie_word_embeddings default of each one's mlx-lm model file (None: the config must say).
+TIE_DEFAULT = {
+    "llama": True,
+    "mistral": True,
+    "qwen2": True,
+    "qwen3": None,
+    "qwen3_moe": None,
+    "phi3": False,
+    "mixtral": False,
+    "gemma": True,
+    "gemma2": True,
+    "gemma3": True,
+    "gemma3_text": True,
+}
+REQUIRED_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")
+
+
+def text_config(config: dict) -> dict:
+    """The language model's own config: multimodal and Gemma-3/Qwen3.5 checkpoints nest it under text_config."""
+    inner = config.get("text_config")
+    if isinstance(inner, dict):
+        merged = {**inner}
+        merged.setdefault("model_type", config.get("model_type"))
+        for key in ("quantization", "tie_word_embeddings", "torch_dtype"):
+            if key in config and key not in merged:
+                merged[key] = config[key]
+        return merged
+    return config
+
+
+def check_plannable(config: dict) -> None:
+    """Refuse, in one line naming the family or the key, a config the arithmetic would get wrong."""
+    model_type = config.get("model_type")
+    if model_type not in TIE_DEFAULT:
+        raise UserError(
+            f"planning model_type {model_type!r} is not supported yet (known: {', '.join(sorted(TIE_DEFAULT))}); "
+            "its memory would be guessed, not counted"
+        )
+    for key in REQUIRED_KEYS:
+        if not isinstance(config.get(key), int) or config[key] < 1:
+            raise UserError(f"the {model_type} config has no usable {key!r} ({config.get(key)!r}); is it complete?")
+    if TIE_DEFAULT[model_type] is None and "tie_word_embeddings" not in config:
+        raise UserError(f"the {model_type} config has no 'tie_word_embeddings', which mlx-lm requires for it")
+
+
+def kv_group_size_for(head_dim: int) -> int | None:
+    """The quantization group for KV heads of this size: 64 where it divides, else 32 (head_dim 96), else None."""
+    return next((g for g in (64, 32) if head_dim % g == 0), None)
 
 
 def _get(config: dict, *names: str, default=None):
@@ -44,7 +95,9 @@ class Shape:
 
     @classmethod
     def from_config(cls, config: dict) -> Shape:
-        model_type = config.get("model_type", "llama")
+        config = text_config(config)
+        check_plannable(config)
+        model_type = config["model_type"]
         hidden = config["hidden_size"]
         heads = config["num_attention_heads"]
         layers = config["num_hidden_layers"]
@@ -67,7 +120,7 @@ class Shape:
             kv_heads=_get(config, "num_key_value_heads", default=heads),
             head_dim=_get(config, "head_dim", default=hidden // heads),
             intermediate=config["intermediate_size"],
-            tied=True if gemma else bool(config.get("tie_word_embeddings", model_type in ("qwen2",) and False)),
+            tied=True if gemma else bool(config.get("tie_word_embeddings", TIE_DEFAULT[model_type])),
             qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
             o_bias=model_type != "qwen2" and bool(config.get("attention_bias", False)),
             mlp_bias=bool(config.get("mlp_bias", False)),
@@ -136,7 +189,7 @@ def kv_cache_bytes(
     context: int,
     rollback: int = 0,
     kv_bits: int | None = None,
-    kv_group_size: int = 64,
+    kv_group_size: int | None = None,
     dtype: str = "float32",
     batch: int = 1,
     window: int | None = None,
@@ -148,6 +201,7 @@ def kv_cache_bytes(
     """
     s = Shape.from_config(config)
     elem = DTYPE_BYTES[dtype]
+    kv_group_size = kv_group_size or kv_group_size_for(s.head_dim) or s.head_dim
     per_position = 2 * s.kv_heads * s.head_dim  # keys and values
     per_position_bytes = (
         (per_position * kv_bits / 8 + 2 * (per_position / kv_group_size) * elem) if kv_bits else per_position * elem

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UserError
+from .memory_model import text_config
 
 PRESET_DIR = Path(__file__).parent / "configs"
 SAFETENSORS_DTYPE_BYTES = {
@@ -41,25 +42,58 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
 
 
-def safetensors_bytes(path: Path) -> int:
-    """Sum of tensor sizes from a safetensors header (8-byte length, then JSON); reads only the header."""
-    with open(path, "rb") as f:
-        header_len = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(header_len))
-    total = 0
+def _corrupt(path: Path, why: str) -> UserError:
+    return UserError(f"weights file '{path}' {why}: the download is incomplete or damaged; re-download the model")
+
+
+def safetensors_header(path: Path) -> dict:
+    """A safetensors file's tensor table (8-byte length, then JSON), checked against the file's size, so a truncated
+    or garbage file (an interrupted download) is named before anything tries to map it. Reads only the header."""
+    path = Path(path)
+    if not path.exists():
+        raise _corrupt(path, "is missing" + (" (a dangling symlink)" if path.is_symlink() else ""))
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            if size < 8:
+                raise _corrupt(path, f"has {size} bytes, too few for a header")
+            header_len = struct.unpack("<Q", f.read(8))[0]
+            if header_len > size - 8:
+                raise _corrupt(path, f"declares a {header_len}-byte header but holds {size} bytes")
+            header = json.loads(f.read(header_len))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise _corrupt(path, "has an unreadable header") from None
+    except OSError as exc:
+        raise UserError(f"cannot read weights file '{path}': {exc.strerror}") from None
+    if not isinstance(header, dict):
+        raise _corrupt(path, "has an unreadable header")
+    data = size - 8 - header_len
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        begin, end = info["data_offsets"]
-        total += end - begin
-    return total
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and 0 <= offsets[0] <= offsets[1] <= data):
+            raise _corrupt(path, f"ends before tensor '{name}'")
+    return header
+
+
+def safetensors_bytes(path: Path) -> int:
+    """Sum of tensor sizes from a safetensors header; reads only the header."""
+    header = safetensors_header(path)
+    return sum(i["data_offsets"][1] - i["data_offsets"][0] for n, i in header.items() if n != "__metadata__")
 
 
 def _read_config(path: Path) -> dict:
+    """The config as a flat language-model config (a nested text_config is lifted out)."""
+    if path.is_dir():
+        raise UserError(f"'{path}' is a directory, not a config.json; pass the file or the model directory")
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read '{path}' as a config.json: {exc}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"'{path}' holds JSON but not a config object; pass a model's config.json")
+    return text_config(config)
 
 
 def load_metadata(name: str) -> ModelMetadata:
@@ -73,9 +107,12 @@ def load_metadata(name: str) -> ModelMetadata:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise UserError(f"'{name}' has no config.json; pass a model directory, a config.json or a preset name")
-        files = sorted(path.glob("*.safetensors"))
+        files = sorted(p for p in path.glob("*.safetensors") if p.exists() or p.is_symlink())
         weight = sum(safetensors_bytes(f) for f in files) if files else None
-        return ModelMetadata(path.name, _read_config(path / "config.json"), weight, f"{path} (safetensors headers)")
+        from .platform import models_dir
+
+        name = f"embedded {path.name}" if path.resolve().parent == models_dir().resolve() else path.name
+        return ModelMetadata(name, _read_config(path / "config.json"), weight, f"{path} (safetensors headers)")
     if "/" in name and not name.startswith((".", "/", "~")):
         return _hub_metadata(name)
     raise UserError(f"model '{name}' is not a preset, a local path or a repo id; presets: {', '.join(preset_names())}")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .costs import CACHE_FILE
+from .platform import cache_dir
 
 
 def successor_table(token_ids: list[list[int]], vocab_size: int) -> np.ndarray:
@@ -45,14 +45,22 @@ def corpus_successors(tokenizer: Any, vocab_size: int) -> np.ndarray:
     """The successor table of the stdlib training files for this tokenizer, built once and then cached."""
     from .corpus import read_text, split_files
 
-    path = CACHE_FILE.parent / f"successors-{_tokenizer_key(tokenizer)}-{vocab_size}.npy"
+    path = cache_dir() / f"successors-{_tokenizer_key(tokenizer)}-{vocab_size}.npy"
     try:
         return np.load(path)
     except (OSError, ValueError):
         pass
-    texts = [text for text in (read_text(p) for p in split_files()[0]) if text]
+    from .progress import Progress
+
+    files = split_files()[0]
+    progress = Progress("building prompt lookup's corpus table once", len(files))
     encode = getattr(tokenizer, "_tokenizer", tokenizer)  # the fast tokenizer batches; mlx-lm's wrapper does not
-    token_ids = encode(texts, add_special_tokens=False)["input_ids"]
+    token_ids, batch = [], 200
+    for start in range(0, len(files), batch):
+        progress.update(start)
+        texts = [text for text in (read_text(p) for p in files[start : start + batch]) if text]
+        token_ids += encode(texts, add_special_tokens=False)["input_ids"] if texts else []
+    progress.close()
     table = successor_table(token_ids, vocab_size)
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

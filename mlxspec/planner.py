@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field, replace
 from . import memory_model as mm
 from .devices import Device
 from .metadata import ModelMetadata
+from .platform import GiB
 
 RUNTIME_OVERHEAD = 400 * 2**20  # MLX, Python and the Metal library: not in mx.get_peak_memory, estimated
-GiB = 2**30
 
 
 @dataclass(frozen=True)
@@ -144,31 +144,53 @@ def max_context(req: PlanRequest) -> int | None:
     return low
 
 
-def _alternatives(req: PlanRequest) -> list[tuple[str, str, PlanRequest]]:
-    """(what to change, how, changed request), cheapest for the user first."""
+# Cost classes of a change for the user: 0 costs nothing, 1 a little speed or quality, 2 more; within a class,
+# the bigger saving comes first.
+def _alternatives(req: PlanRequest) -> list[tuple[int, str, str, PlanRequest]]:
+    """(cost class, what to change, how: flags of `mlxspec generate`, the changed request)."""
     out = []
-    if not req.kv_bits:
-        out.append(("quantize both KV caches to 8 bits", "--kv-bits 8", replace(req, kv_bits=8)))
-        out.append(("quantize both KV caches to 4 bits", "--kv-bits 4", replace(req, kv_bits=4)))
+    if not req.kv_bits and mm.kv_group_size_for(mm.Shape.from_config(req.target.config).head_dim):
+        out.append((0, "quantize both KV caches to 8 bits", "--kv-bits 8", replace(req, kv_bits=8)))
+        out.append((1, "quantize both KV caches to 4 bits", "--kv-bits 4", replace(req, kv_bits=4)))
     if req.draft is not None and not req.draft_window:
         out.append(
             (
+                0,
                 "give the draft a 1024-token KV window (it only drafts; exactness is kept)",
                 "--draft-window 1024",
                 replace(req, draft_window=1024),
             )
         )
-        out.append(
-            ("use Medusa heads instead of a draft model", "--medusa PATH", replace(req, draft=None, medusa_heads=4))
-        )
     if req.verify_positions > 3:
-        out.append(("draft fewer tokens per step", "--num-draft 2", replace(req, num_draft=2, tree_nodes=None)))
-    if req.draft is not None and not req.draft_bits and not (req.draft.config.get("quantization") or {}):
-        out.append(("quantize the draft to 4 bits", "--draft-bits 4", replace(req, draft_bits=4)))
+        out.append((0, "draft fewer tokens per step", "--num-draft 2", replace(req, num_draft=2, tree_nodes=None)))
+    if req.draft is not None:
+        no_draft = replace(req, draft=None, draft_window=None)
+        out.append((1, "draft by prompt lookup instead (no memory)", "--no-draft --lookup", no_draft))
+        out.append((1, "use Medusa heads instead of a draft model", "--medusa PATH", replace(no_draft, medusa_heads=4)))
+        out.append((2, "drop the draft: plain decoding", "--no-draft", no_draft))
+        if not req.draft_bits and not (req.draft.config.get("quantization") or {}):
+            out.append((1, "quantize the draft to 4 bits", "--draft-bits 4", replace(req, draft_bits=4)))
     stored_bits = (req.target.config.get("quantization") or {}).get("bits")
     if (req.target_bits or stored_bits or 16) > 4:
-        out.append(("quantize the target to 4 bits", "--quantize-target 4", replace(req, target_bits=4)))
+        out.append((2, "quantize the target to 4 bits", "--quantize-target 4", replace(req, target_bits=4)))
     return out
+
+
+def _worth_saving(total: int) -> int:
+    """The least a change must save to be advice: 1 MiB, or 0.5% of the plan."""
+    return max(2**20, total // 200)
+
+
+def _recommendation(what: str, how: str, alternative: PlanRequest, base_total: int, budget: int) -> dict:
+    alt_total = total_bytes(alternative)
+    return {
+        "change": what,
+        "how": how,
+        "total_bytes": alt_total,
+        "saving_bytes": base_total - alt_total,
+        "fits": alt_total <= budget,
+        "max_context": max_context(alternative),
+    }
 
 
 def _merge(base: PlanRequest, changed: PlanRequest) -> PlanRequest:
@@ -216,45 +238,55 @@ def make_plan(req: PlanRequest) -> Plan:
         drafter_overhead_bytes=drafter,
         drafter_overhead_percent=100 * drafter / budget,
     )
-    for what, how, alternative in _alternatives(req):
-        alt_total = total_bytes(alternative)
-        plan.recommendations.append(
-            {
-                "change": what,
-                "how": how,
-                "total_bytes": alt_total,
-                "fits": alt_total <= budget,
-                "max_context": max_context(alternative),
-            }
-        )
-    if not plan.fits and not any(r["fits"] for r in plan.recommendations):
-        # No single change is enough: stack them in cost order until the plan fits.
-        combined, hows = req, []
-        # Keep the draft model, and go straight to 4-bit KV, when stacking.
-        stackable = [(how, alt) for _, how, alt in _alternatives(req) if how not in ("--medusa PATH", "--kv-bits 8")]
-        for how, alternative in stackable:
-            combined = _merge(combined, alternative)
-            hows.append(how)
-            if total_bytes(combined) <= budget:
-                break
-        alt_total = total_bytes(combined)
-        plan.recommendations.append(
-            {
-                "change": "all of these together",
-                "how": " ".join(hows),
-                "total_bytes": alt_total,
-                "fits": alt_total <= budget,
-                "max_context": max_context(combined),
-            }
-        )
-    elif not plan.fits:
-        plan.recommendations.sort(key=lambda r: not r["fits"])  # keep cost order among those that fit
     if req.device.backend == "cpu" and (req.target_bits or (req.target.config.get("quantization") or {})):
         plan.notes.append(
             "On MLX's CPU backend a quantized target verifies K+1 tokens at K+1 times the cost of one "
             "(quantized_matmul scales with rows), so a float32/bf16 target is faster there."
         )
+    ranked = []
+    own_limit = req.target.config.get("max_position_embeddings")
+    if plan.fits and own_limit and max_context(req) == own_limit:
+        plan.notes.append(f"the model's whole context ({own_limit} tokens) fits; nothing needs to change")
+        return plan
+    for cost, what, how, alternative in _alternatives(req):
+        rec = _recommendation(what, how, alternative, total, budget)
+        if rec["saving_bytes"] >= _worth_saving(total):  # a change that saves (next to) nothing is no advice
+            ranked.append((cost, -rec["saving_bytes"], rec))
+    plan.recommendations = [rec for *_, rec in sorted(ranked, key=lambda item: item[:2])]
+    if not plan.fits and not any(r["fits"] for r in plan.recommendations):
+        # No single change is enough: stack the combinable ones, cheapest first, until the plan fits.
+        combined, hows = req, []
+        for cost, _, how, alternative in sorted(_alternatives(req), key=lambda item: item[0]):
+            if how in ("--medusa PATH", "--kv-bits 8", "--no-draft", "--no-draft --lookup"):
+                continue
+            if total - total_bytes(alternative) < _worth_saving(total):
+                continue
+            combined = _merge(combined, alternative)
+            hows.append(how)
+            if total_bytes(combined) <= budget:
+                break
+        if hows:
+            together = _recommendation("all of these together", " ".join(hows), combined, total, budget)
+            plan.recommendations.append(together)
+    elif not plan.fits:
+        plan.recommendations.sort(key=lambda r: not r["fits"])  # keep the cost order among those that fit
+    fitting = max_context(req)
+    if not plan.fits and fitting:
+        plan.recommendations.append(
+            {
+                "change": f"keep the prompt plus --max-tokens within {fitting} tokens",
+                "how": f"context <= {fitting}",
+                "total_bytes": total_bytes(req, fitting),
+                "saving_bytes": total - total_bytes(req, fitting),
+                "fits": True,
+                "max_context": fitting,
+            }
+        )
     return plan
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / GiB:.2f} GiB" if num_bytes >= GiB / 10 else f"{num_bytes / 2**20:.1f} MiB"
 
 
 def format_plan(plan: Plan) -> str:
@@ -282,12 +314,13 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"  max context, {name:16s} {ctx if ctx is not None else 'none fits'}")
     if plan.recommendations:
         lines.append("")
-        lines.append("what to change, cheapest first:" if not plan.fits else "to fit a longer context, cheapest first:")
+        goal = "what to change" if not plan.fits else "to fit a longer context"
+        lines.append(f"{goal} (flags of `mlxspec generate`), cheapest first:")
         for rec in plan.recommendations:
             verdict = "fits" if rec["fits"] else "still too big"
             lines.append(
-                f"  {rec['how']:20s} {rec['change']}: {rec['total_bytes'] / GiB:.2f} GiB, {verdict}, "
-                f"max context {rec['max_context']}"
+                f"  {rec['how']:20s} {rec['change']}: saves {_size(rec['saving_bytes'])}, "
+                f"{_size(rec['total_bytes'])} in all, {verdict}, max context {rec['max_context'] or 'none'}"
             )
     for note in plan.notes:
         lines.append(f"note: {note}")

@@ -41,18 +41,15 @@ class PerTokenRoPE(nn.Module):
         return self.inner(x.swapaxes(0, 2), offset=positions).swapaxes(0, 2)
 
 
-def install_tree_attention(model: nn.Module) -> TreeContext:
-    """Wrap every attention's `rope` once; returns the context that switches them to per-token positions."""
-    existing = getattr(model, "_mlxspec_tree_context", None)
-    if existing is not None:
-        return existing
-    context = TreeContext()
+def wrap_ropes(model: nn.Module, context: TreeContext) -> list[tuple[dict, nn.Module]]:
+    """Wrap every attention's `rope` for one pass; returns (module, original rope) pairs to put back."""
+    wrapped = []
     for _, module in model.named_modules():
         rope = module.get("rope") if isinstance(module, dict) else None
         if isinstance(rope, nn.Module) and not isinstance(rope, PerTokenRoPE):
             module["rope"] = PerTokenRoPE(rope, context)
-    model._mlxspec_tree_context = context
-    return context
+            wrapped.append((module, rope))
+    return wrapped
 
 
 def _stored_start(layer_cache: Any, num_new: int) -> int:
@@ -82,16 +79,17 @@ def _tree_make_mask(
 
 @contextmanager
 def tree_verification(model: nn.Module, cache: list[Any], shape: TreeShape, prefix_length: int):
-    """Within this block, a forward over shape.size tokens attends as the tree says."""
-    context = install_tree_attention(model)
-    context.positions = prefix_length + mx.array(shape.depths)
-    context.mask = ancestor_mask(shape)
+    """Within this block, a forward over shape.size tokens attends as the tree says; afterwards the model and its
+    caches are exactly as before (nothing stays patched)."""
+    context = TreeContext(prefix_length + mx.array(shape.depths), ancestor_mask(shape))
+    wrapped = wrap_ropes(model, context)
     for layer_cache in cache:
         layer_cache.make_mask = partial(_tree_make_mask, layer_cache, context)  # instance attribute wins
     try:
         yield
     finally:
-        context.positions = context.mask = None
+        for module, rope in wrapped:
+            module["rope"] = rope
         for layer_cache in cache:
             del layer_cache.make_mask
 

@@ -1,4 +1,5 @@
-"""Candidate trees: structure, attention masks, and exact verification. Pure functions and small dataclasses.
+"""Candidate trees: their shapes (chains, caterpillars, continuation and sparse trees), attention masks, and exact
+verification. Pure functions and small dataclasses.
 
 Nodes are in BFS order; node 0 is the root, the last accepted token that the target has not seen yet. Every other
 node is a drafted token whose parent precedes it. Sibling tokens are distinct.
@@ -50,6 +51,56 @@ class TreeShape:
     @classmethod
     def chain(cls, length: int) -> TreeShape:
         return cls(tuple(range(-1, length)))
+
+
+def caterpillar_parents(depth: int, topk: int) -> tuple[int, ...]:
+    """A draft model's tree: its greedy chain with the top-k alternatives at every depth as sibling leaves.
+
+    Node 1 + d*topk is the chain's token at depth d (0-based); the other topk - 1 nodes of that depth are leaves
+    hanging off the chain node above. Parents include the root's -1.
+    """
+    chain_node = [0] + [1 + d * topk for d in range(depth)]
+    return (-1, *(chain_node[d] for d in range(depth) for _ in range(topk)))
+
+
+def continuation_tree(continuations: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The prefix tree of token sequences in BFS order: (node tokens without the root, parents with the root's -1).
+
+    Shared prefixes become one path, so siblings are distinct, as exact tree verification requires.
+    """
+    node_of: dict[tuple[int, ...], int] = {(): 0}
+    tokens, parents = [], [-1]
+    for depth in range(max(len(c) for c in continuations)):
+        for continuation in continuations:
+            prefix = tuple(continuation[: depth + 1])
+            if len(prefix) == depth + 1 and prefix not in node_of:
+                node_of[prefix] = len(parents)
+                parents.append(node_of[prefix[:-1]])
+                tokens.append(prefix[-1])
+    return tokens, parents
+
+
+def sparse_tree(topk_accuracy: list[list[float]], max_nodes: int, max_topk: int) -> list[tuple[int, ...]]:
+    """Medusa's static sparse tree: the max_nodes rank-paths (r1, .., rd) with the highest estimated probability
+    prod_d acc[d][r_d], each added only after its parent. Returned in BFS order (by depth, then probability)."""
+    chosen: list[tuple[tuple[int, ...], float]] = []
+    frontier = [((r,), topk_accuracy[0][r]) for r in range(min(max_topk, len(topk_accuracy[0])))]
+    while frontier and len(chosen) < max_nodes:
+        frontier.sort(key=lambda item: -item[1])
+        path, prob = frontier.pop(0)
+        chosen.append((path, prob))
+        depth = len(path)
+        if depth < len(topk_accuracy):
+            frontier += [
+                (path + (r,), prob * topk_accuracy[depth][r]) for r in range(min(max_topk, len(topk_accuracy[depth])))
+            ]
+    return [p for p, _ in sorted(chosen, key=lambda item: (len(item[0]), -item[1]))]
+
+
+def rank_paths_parents(paths: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """Parents (root's -1 first) of a BFS-ordered list of rank paths, each path's parent being its prefix."""
+    index = {path: i + 1 for i, path in enumerate(paths)}
+    return (-1, *(index.get(p[:-1], 0) for p in paths))
 
 
 def ancestor_mask(shape: TreeShape) -> mx.array:

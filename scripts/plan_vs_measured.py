@@ -18,12 +18,12 @@ import mlx.core as mx
 from mlx_lm.utils import _get_classes
 
 from mlxspec.devices import Device
-from mlxspec.drafters import DraftModelDrafter
+from mlxspec.drafters import make_drafter
 from mlxspec.engine import SpeculativeEngine
 from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 from mlxspec.metadata import ModelMetadata, load_metadata
+from mlxspec.options import DecodeOptions
 from mlxspec.planner import PlanRequest, make_plan
-from mlxspec.sampling import SamplingConfig
 
 GENERATED, NUM_DRAFT = 32, 4
 
@@ -37,10 +37,10 @@ def random_model(config: dict):
 
 
 def measure(target, draft, context: int, vocab: int) -> int:
-    sampling = SamplingConfig()
+    options = DecodeOptions(num_draft=NUM_DRAFT)
     mx.clear_cache()
     mx.reset_peak_memory()
-    engine = SpeculativeEngine(target, DraftModelDrafter(draft, sampling, NUM_DRAFT), sampling, num_draft=NUM_DRAFT)
+    engine = SpeculativeEngine(target, make_drafter(options, draft_model=draft), options.sampling, num_draft=NUM_DRAFT)
     prompt = [(i * 7919) % vocab for i in range(context - GENERATED)]
     engine.prefill(prompt)
     produced = 0

@@ -6,8 +6,9 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxspec.drafters import DraftModelDrafter
+from mlxspec.drafters import make_drafter
 from mlxspec.engine import SpeculativeEngine
+from mlxspec.options import DecodeOptions
 from mlxspec.sampling import SamplingConfig
 
 
@@ -26,7 +27,16 @@ def speculative_tokens(
 ):
     """Generate with the engine. `draft` is a draft model (or None); `drafter` overrides it with any Drafter."""
     if drafter is None and draft is not None:
-        drafter = DraftModelDrafter(draft, sampling, num_draft, kv_bits=kv_bits, tree_topk=tree_topk)
+        options = DecodeOptions(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            num_draft=num_draft,
+            kv_bits=kv_bits,
+            tree_topk=tree_topk,
+        )
+        drafter = make_drafter(options, draft_model=draft)
     engine = SpeculativeEngine(
         target, drafter, sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits, max_nodes=num_draft * tree_topk
     )

@@ -27,14 +27,20 @@ def test_eos_inside_an_accepted_draft_ends_generation_before_it(spec):
     assert result.tokens == reference[:cut]
     assert result.text == spec.tokenizer.decode(reference[:cut])
     assert result.finish_reason == "stop"
+    # The scenario really happened: self-drafting accepts every draft, so each step emits 5 tokens, and the EOS
+    # (token `cut`) sat inside a step, after at least one accepted token of that step.
+    assert cut % 5 != 0, f"EOS at {cut} starts a step; pick another prompt"
+    assert result.stats.target_calls == cut // 5 + 1
+    assert result.stats.accepted == result.stats.drafted == 4 * result.stats.target_calls
 
 
 @pytest.mark.parametrize("max_tokens", [1, 3, 5, 6])
 def test_max_tokens_is_exact_even_mid_step(spec, max_tokens):
-    result = spec.generate("ab", max_tokens=max_tokens, temperature=1.0, seed=1)
-    assert len(result.tokens) <= max_tokens
-    if result.finish_reason == "length":
-        assert len(result.tokens) == max_tokens
+    """Self-drafting at temperature 1 accepts every draft; a step's drafts are cut to the tokens still wanted."""
+    result = spec.generate("ab", max_tokens=max_tokens, temperature=1.0, seed=1, stop_at_eos=False)
+    assert len(result.tokens) == max_tokens and result.finish_reason == "length"
+    assert result.stats.target_calls == -(-max_tokens // 5)  # ceil: 5 tokens a full step
+    assert result.stats.drafted == max_tokens - result.stats.target_calls == result.stats.accepted
 
 
 def test_stop_string_truncates_text(spec):
@@ -57,10 +63,13 @@ def test_stream_pieces_add_up_to_generate(spec):
 def test_prompt_as_long_as_the_context_generates_within_it(spec):
     context = spec.target.context_length
     prompt = ("abcdefg" * 10)[:context]
-    result = spec.generate(prompt, max_tokens=10)
-    assert len(result.tokens) <= 1
-    near_full = spec.generate(prompt[:-3], max_tokens=10)
-    assert len(near_full.tokens) <= 4 and near_full.finish_reason in ("length", "stop")
+    result = spec.generate(prompt, max_tokens=10, stop_at_eos=False)
+    # Every prompt token has a position, so exactly one more token fits (it is never fed back).
+    assert len(result.tokens) == 1 and result.finish_reason == "length"
+    near_full = spec.generate(prompt[:-3], max_tokens=10, stop_at_eos=False)
+    assert len(near_full.tokens) == 4 and near_full.finish_reason == "length"
+    reference = mlx_lm_greedy(spec.target.model, spec.encode(prompt[:-3]), 4)
+    assert near_full.tokens == reference
 
 
 def test_bad_inputs_raise_user_errors(spec):

@@ -9,7 +9,7 @@ import pytest
 
 def run_cli(*args, stdin=None):
     return subprocess.run(
-        [sys.executable, "-m", "mlxspec.cli", *map(str, args)], capture_output=True, text=True, input=stdin, timeout=120
+        [sys.executable, "-m", "mlxspec", *map(str, args)], capture_output=True, text=True, input=stdin, timeout=120
     )
 
 
@@ -27,11 +27,15 @@ def test_json_output_has_tokens_text_and_stats(tiny_dirs):
         "0.7",
         "--seed",
         "1",
+        "-k",
+        "2",
         "--json",
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert set(out) >= {"tokens", "text", "stats"}
+    assert set(out) >= {"tokens", "text", "stats", "seed", "mode", "num_draft", "model", "draft"}
+    assert out["seed"] == 1 and out["mode"] == "draft model" and out["num_draft"] == 2
+    assert out["model"] == str(tiny_dirs["target"]) and out["draft"] == str(tiny_dirs["draft"])
     for key in (
         "target_calls",
         "draft_calls",
@@ -52,6 +56,7 @@ def test_stdin_prompt_and_verbose_stats(tiny_dirs):
     )
     assert proc.returncode == 0, proc.stderr
     assert "alpha=" in proc.stderr and "tok/s" in proc.stderr
+    assert "mode=plain k=0 seed=" in proc.stderr  # what ran, and the random seed that repeats it
 
 
 @pytest.mark.parametrize(

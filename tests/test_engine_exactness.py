@@ -72,6 +72,7 @@ def test_target_cache_equals_plain_decoding_cache():
     plain_cache = make_prompt_cache(target)
     for token in fed:
         target(mx.array([[token]]), cache=plain_cache)
+    assert engines[0].position == len(fed)  # the engine's own count, used where caches have no offset
     for spec_layer, plain_layer in zip(spec_cache, plain_cache):
         assert spec_layer.offset == plain_layer.offset == len(fed)
         spec_k, spec_v = (x[..., : len(fed), :] for x in spec_layer.state[:2])

@@ -15,12 +15,12 @@ from mlxspec.medusa import (
     MedusaConfig,
     MedusaDrafter,
     MedusaHeads,
-    forward_with_hidden,
     load_medusa,
-    sparse_tree,
 )
 from mlxspec.medusa_train import MedusaTrainConfig, train_medusa
 from mlxspec.sampling import SamplingConfig
+from mlxspec.target_features import forward_with_hidden
+from mlxspec.trees import sparse_tree
 
 
 def random_heads(model, num_heads=3, seed=3):

@@ -68,7 +68,9 @@ def test_embedded_medusa_heads_load_and_are_exact():
     from helpers import assert_greedy_equal
 
     spec = mlxspec.load(medusa=MODELS_DIR / "medusa")
-    assert load_medusa(MODELS_DIR / "medusa", MODELS_DIR / "target").config.num_heads >= 1
+    heads = load_medusa(MODELS_DIR / "medusa", MODELS_DIR / "target")
+    shipped = json.loads((MODELS_DIR / "medusa" / "medusa_config.json").read_text())
+    assert heads.config.num_heads == shipped["num_heads"] == len(heads.blocks) == len(heads.config.topk_accuracy) == 4
     prompt = spec.encode("import os\nimport sys\n\n\ndef main(argv):")
     expected = mlx_lm_greedy(spec.target.model, prompt, 40)
     for topk in (1, 2):

@@ -23,7 +23,7 @@ def test_corpus_successors_are_built_once_then_read_from_the_cache(tmp_path, mon
         path = tmp_path / f"f{i}.py"
         path.write_text(text)
         files.append(path)
-    monkeypatch.setattr(ngram_table, "CACHE_FILE", tmp_path / "cache" / "cost_curves.json")
+    monkeypatch.setenv("MLXSPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(corpus, "split_files", lambda root=None: (files, []))
     table = ngram_table.corpus_successors(spec.tokenizer, 8)
     a, b, c = (spec.tokenizer.encode(ch, add_special_tokens=False)[0] for ch in "abc")

@@ -10,10 +10,10 @@ from test_engine_exactness import PROMPTS, exact_joint
 from tiny import FAMILIES, make_tiny
 
 from mlxspec.caches import make_speculative_cache
-from mlxspec.drafters import PromptLookupDrafter, continuation_tree
+from mlxspec.drafters import PromptLookupDrafter
 from mlxspec.sampling import SamplingConfig
 from mlxspec.tree_attention import keep_tree_path, tree_verification
-from mlxspec.trees import TreeShape, accept_tree, ancestor_mask
+from mlxspec.trees import TreeShape, accept_tree, ancestor_mask, continuation_tree
 
 # root; two children; a grandchild under each
 SHAPE = TreeShape((-1, 0, 0, 1, 2))
@@ -217,3 +217,22 @@ def test_tree_and_medusa_samples_follow_the_target_on_every_family(family):
     for make in (lambda: None, lambda: MedusaDrafter(heads, target, tree_nodes=6, tree_topk=2)):
         counts = tree_sample_counts(target, draft, make, prompt, length, sampling, runs=1500)
         assert chi_square_pvalue(counts, expected) > ALPHA
+
+
+def test_a_tree_pass_leaves_the_model_and_its_caches_unpatched():
+    """The per-token RoPE wrappers and the tree masks exist only during the pass: afterwards the model is the one
+    mlx-lm built, so plain decoding (and mlx-lm's own baseline in bench) runs on the unwrapped model."""
+    from mlxspec.tree_attention import PerTokenRoPE
+
+    model = make_tiny("llama")
+    cache = make_speculative_cache(model, max_rollback=8)
+    model(mx.array([[1, 2, 3]]), cache=cache)
+    ropes_before = [m["rope"] for _, m in model.named_modules() if isinstance(m, dict) and "rope" in m]
+    shape = TreeShape((-1, 0, 0, 1))
+    with tree_verification(model, cache, shape, 3):
+        inside = [m["rope"] for _, m in model.named_modules() if isinstance(m, dict) and "rope" in m]
+        assert inside and all(isinstance(r, PerTokenRoPE) for r in inside)
+        model(mx.array([[4, 5, 6, 7]]), cache=cache)
+    after = [m["rope"] for _, m in model.named_modules() if isinstance(m, dict) and "rope" in m]
+    assert after == ropes_before and not any(isinstance(r, PerTokenRoPE) for r in after)
+    assert all("make_mask" not in vars(c) for c in cache)

@@ -49,6 +49,8 @@ FAMILIES = {
         "tie_word_embeddings": True,
         "rope_local_base_freq": 10000.0,
     },
+    # A recurrent family: every layer keeps an SSM state (MambaCache) that cannot be trimmed.
+    "mamba": {"state_size": 4, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "time_step_rank": 4},
 }
 
 

@@ -1,0 +1,5 @@
+"""`python -m mlxspec`: the command line."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,287 @@
+"""`mlxspec plan`, `mlxspec bench` and `mlxspec train-medusa`: the commands around generation."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from .errors import UserError
+
+BENCH_MODES = ("mlx-lm", "plain", "draft", "adaptive", "tree", "lookup", "medusa")
+
+
+def _read_prompts(path, tokenizer, vocab: int) -> list[list[int]]:
+    """JSONL: one object per line with "prompt" (text) or "tokens" (ids)."""
+    prompts = []
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise UserError(f"cannot read prompts file '{path}': {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"prompts file '{path}' is not UTF-8 text; write it as JSONL in UTF-8") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            prompts.append(list(item["tokens"]) if "tokens" in item else tokenizer.encode(item["prompt"]))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise UserError(f'{path}:{number} is not a JSON object with "prompt" or "tokens"') from None
+    if not prompts:
+        raise UserError(f"prompts file '{path}' holds no prompts")
+    _tokens_in_vocab(prompts, vocab, path)
+    return prompts
+
+
+def _tokens_in_vocab(prompts: list[list[int]], vocab: int, path) -> None:
+    for number, tokens in enumerate(prompts, 1):
+        bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None or not tokens:
+            raise UserError(f"prompt {number} of '{path}' holds {bad!r}, not a token id of this model (0..{vocab - 1})")
+
+
+@click.command()
+@click.option("--model", default=None, help="Target [default: embedded target].")
+@click.option("--draft", default=None, help="Draft [default: embedded draft with the embedded target].")
+@click.option("--medusa", "medusa_path", default=None, help="Medusa heads [default: embedded heads, if shipped].")
+@click.option(
+    "-k",
+    "--num-draft",
+    "num_drafts",
+    type=click.IntRange(1, 64),
+    multiple=True,
+    help="Draft length(s) to compare [2 4 6].",
+)
+@click.option("--temp", "temps", type=float, multiple=True, help="Temperature(s) [0 and 0.7].")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option(
+    "--modes", default="mlx-lm,plain,draft,adaptive,tree,lookup,medusa", show_default=True, help="Mode families to run."
+)
+@click.option("--prompts", "prompts_file", default=None, help="JSONL prompts [default: held-out stdlib files].")
+@click.option("--num-prompts", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--verify-curve", is_flag=True, help="Time one target forward over 1..32 tokens and stop.")
+@click.option("--profile", is_flag=True, help="Also report the per-step time split of the draft-model mode.")
+@click.option("--json", "json_out", default=None, help="Also write the results to this JSON file.")
+@click.option("--plot", "plot_path", default=None, help="Also draw speedup vs k and tok/s per mode to a PNG.")
+def bench(
+    model,
+    draft,
+    medusa_path,
+    num_drafts,
+    temps,
+    top_p,
+    modes,
+    prompts_file,
+    num_prompts,
+    prompt_tokens,
+    max_tokens,
+    repeats,
+    verify_curve,
+    profile,
+    json_out,
+    plot_path,
+) -> None:
+    """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts."""
+    import mlx.core as mx
+
+    families = {m.strip() for m in modes.split(",") if m.strip()}
+    unknown = sorted(families - set(BENCH_MODES))
+    if unknown or not families:
+        raise UserError(
+            f"--modes {unknown[0] if unknown else repr(modes)} is not a mode; choose from {','.join(BENCH_MODES)}"
+        )
+    from . import bench as bench_module
+    from .api import load
+    from .loading import MODELS_DIR
+    from .platform import blas_in_use, fast_blas_hint
+
+    if plot_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UserError("--plot needs matplotlib: pip install 'mlxspec[plot]'") from None
+    num_drafts = num_drafts or (2, 4, 6)
+    temps = temps or (0.0, 0.7)
+    if medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():
+        medusa_path = str(MODELS_DIR / "medusa")
+    # The embedded draft with the embedded target; otherwise only what was passed (no default prompt lookup).
+    speculator = load(model, draft or ("auto" if model is None else None), num_draft=max(num_drafts))
+    heads = None
+    if medusa_path:
+        from .medusa import load_medusa
+
+        heads = load_medusa(medusa_path, speculator.target.path)
+    if fast_blas_hint():
+        click.echo(fast_blas_hint(), err=True)
+    if verify_curve:
+        click.echo(bench_module.verify_curve_report(speculator))
+        return
+    if speculator.draft is None and heads is None:
+        raise UserError("bench compares drafters; pass --draft or --medusa")
+    prompts = (
+        _read_prompts(prompts_file, speculator.tokenizer, speculator.vocab_size)
+        if prompts_file
+        else bench_module.heldout_prompts(speculator.tokenizer, num_prompts, prompt_tokens)
+    )
+    mode_fns = bench_module.build_modes(speculator, tuple(num_drafts), families, heads)
+    everything, by_temp = {}, {}
+    timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+    click.echo(
+        f"# {len(prompts)} prompts x {max_tokens} tokens, median of {repeats} passes that each run every mode in "
+        f"turn; speedup is the median within-pass ratio to the first mode; {blas_in_use()} BLAS"
+        + (f" (OPENBLAS_THREAD_TIMEOUT={timeout})" if timeout else "")
+        + f", device {mx.default_device()}"
+    )
+    for temp in temps:
+        click.echo(f"\n## temperature {temp}" + (f", top-p {top_p}" if top_p < 1 else ""))
+        results = bench_module.run_modes(
+            mode_fns, prompts, max_tokens, temp, top_p, repeats, progress=lambda s: click.echo(f"  {s}", err=True)
+        )
+        click.echo(bench_module.format_table(results))
+        by_temp[str(temp)] = results
+        everything[str(temp)] = [bench_module.asdict(r) for r in results]
+        if profile and speculator.draft is not None:
+            split = bench_module.profile_split(speculator, prompts[:2], max_tokens, max(num_drafts), temp)
+            total = sum(split.values())
+            click.echo(
+                f"per-step split, draft k={max(num_drafts)} (profiling adds syncs): "
+                + ", ".join(f"{phase} {1e3 * sec:.2f} ms ({100 * sec / total:.0f}%)" for phase, sec in split.items())
+            )
+            everything[f"profile {temp}"] = split
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(
+                {"prompts": len(prompts), "max_tokens": max_tokens, "blas": blas_in_use(), "results": everything},
+                f,
+                indent=1,
+            )
+    if plot_path:
+        bench_module.plot(by_temp, plot_path)
+
+
+@click.command()
+@click.option("--model", "model", default=None, help="Target: preset name, model directory, config.json or repo id.")
+@click.option("--draft", default=None, help="Draft model, same forms as --model.")
+@click.option("--medusa-heads", type=click.IntRange(min=0), default=0, help="Plan for this many Medusa heads.")
+@click.option("--device", default=None, help="Device preset, e.g. m2-16gb (see --list) [default: this machine].")
+@click.option(
+    "--memory",
+    default=None,
+    help="A budget instead of a device: 16GB is 10^9-byte units (14.90 GiB), all of it usable. A 16 GB Mac lets "
+    "MLX use about 10.7 GiB: use --device m2-16gb for that.",
+)
+@click.option("--context", type=click.IntRange(min=1), default=None, help="[default: 4096, or the model's own if less]")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--target-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the target [as stored].")
+@click.option("--draft-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the draft [as stored].")
+@click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True)
+@click.option("--kv-bits", type=click.Choice(["4", "8"]), default=None)
+@click.option("-k", "--num-draft", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--tree-nodes", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--draft-window", type=click.IntRange(min=1), default=None, help="Cap the draft's KV cache at this many tokens."
+)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--list", "list_presets", is_flag=True, help="List model and device presets.")
+def plan(
+    model,
+    draft,
+    medusa_heads,
+    device,
+    memory,
+    context,
+    batch,
+    target_bits,
+    draft_bits,
+    group_size,
+    kv_bits,
+    num_draft,
+    tree_nodes,
+    draft_window,
+    as_json,
+    list_presets,
+) -> None:
+    """Will the target, its drafter and both KV caches fit the device at this context? Reads metadata only."""
+    from .devices import PRESETS, resolve_device
+    from .metadata import load_metadata, preset_names
+    from .planner import PlanRequest, format_plan, make_plan
+
+    if list_presets:
+        click.echo("models:  " + ", ".join(preset_names()))
+        click.echo("devices: " + ", ".join(PRESETS))
+        return
+    if model is None:
+        from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
+
+        model, draft = str(DEFAULT_TARGET), draft or str(DEFAULT_DRAFT)
+    device_spec = resolve_device(device, memory)
+    target = load_metadata(model)
+    own_context = target.config.get("max_position_embeddings")
+    if context is None:
+        context = min(4096, own_context) if isinstance(own_context, int) else 4096
+    elif isinstance(own_context, int) and context > own_context:
+        raise UserError(f"--context {context} is past {target.name}'s own context of {own_context}; plan at most that")
+    request = PlanRequest(
+        target=target,
+        device=device_spec,
+        draft=load_metadata(draft) if draft else None,
+        medusa_heads=medusa_heads,
+        context=context,
+        batch=batch,
+        target_bits=int(target_bits) if target_bits else None,
+        group_size=int(group_size),
+        draft_bits=int(draft_bits) if draft_bits else None,
+        kv_bits=int(kv_bits) if kv_bits else None,
+        num_draft=num_draft,
+        tree_nodes=tree_nodes,
+        draft_window=draft_window,
+    )
+    result = make_plan(request)
+    click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
+
+
+@click.command("train-medusa")
+@click.option("--model", default=None, help="Frozen target [default: embedded target].")
+@click.option("--out", "out_dir", required=True, help="Output directory (resumes from its checkpoint).")
+@click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=400, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--seq-len", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option(
+    "--data",
+    type=click.Choice(["corpus", "self-distill"]),
+    default="corpus",
+    show_default=True,
+    help="Stdlib text, or the target's own greedy continuations of it.",
+)
+@click.option("--full-lm-heads", is_flag=True, help="Give each head its own LM head (more memory).")
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
+def train_medusa_command(model, out_dir, heads, steps, batch_size, seq_len, lr, data, full_lm_heads, seed) -> None:
+    """Train Medusa heads on a frozen target; writes medusa.safetensors and medusa_config.json."""
+    from pathlib import Path
+
+    from .loading import DEFAULT_TARGET, load_model
+    from .medusa_train import MedusaTrainConfig, prepare_out_dir, train_medusa
+
+    config = MedusaTrainConfig(
+        num_heads=heads,
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        seed=seed,
+        data=data,
+        shared_lm_head=not full_lm_heads,
+    )
+    config.validate()
+    prepare_out_dir(Path(out_dir))
+    target = load_model(model or DEFAULT_TARGET)
+    config.validate(target.context_length)
+    train_medusa(target, Path(out_dir), config, log=lambda line: click.echo(line, err=True))
+    click.echo(f"saved Medusa heads to {out_dir}")

@@ -1,0 +1,168 @@
+"""`mlxspec generate` behind its click options: refuse contradictions, build DecodeOptions, plan against a memory
+budget, load, and print text, JSON or stats."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import UserError
+from .options import DecodeOptions
+
+
+def check_contradictions(p: dict) -> None:
+    """Flags that contradict each other, or do nothing without another, are refused instead of ignored."""
+    if p["no_draft"] and (p["draft"] or p["medusa_path"]):
+        given = f"--draft {p['draft']}" if p["draft"] else f"--medusa {p['medusa_path']}"
+        raise UserError(f"--no-draft contradicts {given}; pass one of them")
+    if p["medusa_path"] and p["draft"]:
+        raise UserError("--medusa and --draft are two drafters; pass one of them")
+    if p["draft_bits"] and (p["no_draft"] or p["medusa_path"]):
+        raise UserError(f"--draft-bits {p['draft_bits']} quantizes a draft model, and this run has none")
+    if p["auto"] and not p["memory_budget"]:
+        raise UserError("--auto applies the planner's fix for --memory-budget; pass --memory-budget too (e.g. 8GB)")
+    if p["lookup_candidates"] is not None and not p["lookup"]:
+        raise UserError(f"--lookup-candidates {p['lookup_candidates']} needs --lookup")
+    if p["no_corpus_fallback"] and not p["lookup"]:
+        raise UserError("--no-corpus-fallback needs --lookup")
+
+
+def options_from(p: dict) -> DecodeOptions:
+    return DecodeOptions(
+        max_tokens=p["max_tokens"],
+        stop=list(p["stop"]),
+        temperature=p["temp"],
+        top_p=p["top_p"],
+        top_k=p["top_k"],
+        min_p=p["min_p"],
+        seed=p["seed"],
+        chat=p["chat"],
+        heal=p["heal"],
+        truncate=p["truncate"],
+        num_draft=p["num_draft"] or "auto",
+        tree_topk=p["tree_topk"],
+        tree_nodes=p["tree_nodes"],
+        lookup=p["lookup"],
+        lookup_candidates=p["lookup_candidates"] or 1,
+        corpus_fallback=not p["no_corpus_fallback"],
+        kv_bits=int(p["kv_bits"]) if p["kv_bits"] else None,
+        draft_window=p["draft_window"],
+    )
+
+
+def cached_drafts_with_tokenizer(target: Path, limit: int = 3) -> list[str]:
+    """Hub models in the local cache whose tokenizer.json is byte-identical to the target's: candidate drafts."""
+    own = target / "tokenizer.json"
+    if not own.exists():
+        return []
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:
+        return []
+    digest = hashlib.sha256(own.read_bytes()).digest()
+    found = []
+    for path in sorted(Path(HF_HUB_CACHE).glob("models--*/snapshots/*/tokenizer.json")):
+        repo = path.parts[-4].removeprefix("models--").replace("--", "/")
+        if path.resolve() == own.resolve() or repo in found or target.resolve() == path.parent.resolve():
+            continue
+        try:
+            if hashlib.sha256(path.read_bytes()).digest() == digest:
+                found.append(repo)
+        except OSError:
+            continue
+    return found[:limit]
+
+
+def run_generate(prompt: str, p: dict, echo: Callable) -> None:
+    from .api import SlowBLASWarning, load
+    from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    check_contradictions(p)
+    options = options_from(p).validate()
+    model, draft = p["model"], p["draft"]
+    draft_arg = None if (p["no_draft"] or p["medusa_path"]) else (draft or "auto")
+    settings = {
+        "quantize_target": int(p["quantize_target"]) if p["quantize_target"] else None,
+        "draft_bits": int(p["draft_bits"]) if p["draft_bits"] else None,
+        "kv_bits": options.kv_bits,
+        "draft_window": options.draft_window,
+    }
+    if p["memory_budget"]:
+        from .budget import fit_to_budget
+
+        planned_draft = draft or (str(DEFAULT_DRAFT) if model is None and draft_arg == "auto" else None)
+        settings = fit_to_budget(
+            str(model or DEFAULT_TARGET),
+            planned_draft,
+            p["memory_budget"],
+            len(prompt),
+            options.max_tokens,
+            options.depth,
+            settings,
+            p["auto"],
+            report=lambda line: echo(line, err=True),
+        )
+    import warnings
+
+    warnings.simplefilter("ignore", SlowBLASWarning)  # the CLI says it its own way, below
+    speculator = load(
+        model,
+        draft_arg,
+        num_draft=options.num_draft,
+        medusa=p["medusa_path"],
+        options=options,
+        **settings,
+    )
+    if model is not None and draft is None and not p["no_draft"] and not p["medusa_path"] and not p["lookup"]:
+        candidates = cached_drafts_with_tokenizer(speculator.target.path)
+        if candidates:
+            echo(
+                "mlxspec: no --draft given, so prompt lookup drafts; cached models with this tokenizer that could "
+                f"serve as --draft: {', '.join(candidates)}",
+                err=True,
+            )
+    if p["as_json"]:
+        result = speculator.generate(prompt)
+        stats = result.stats
+        echo(
+            json.dumps(
+                {
+                    "tokens": result.tokens,
+                    "text": result.text,
+                    "finish_reason": result.finish_reason,
+                    "seed": stats.seed,
+                    "mode": stats.mode,
+                    "num_draft": stats.num_draft,
+                    "model": str(speculator.target.path),
+                    "draft": str(speculator.draft.path) if speculator.draft is not None else None,
+                    "stats": stats.to_dict(),
+                }
+            )
+        )
+    else:
+        for chunk in speculator.stream(prompt):
+            echo(chunk.text, nl=False)
+        echo()
+        stats = speculator.last_stats
+    report(stats, p["verbose"], echo)
+
+
+def report(stats, verbose: bool, echo: Callable) -> None:
+    """The notes a user must see (truncation, a fallback to plain decoding) and, with -v, the stats line."""
+    from .cli import format_stats
+    from .platform import fast_blas_hint
+
+    if stats.prompt_truncated_from:
+        echo(
+            f"mlxspec: --truncate kept the last {stats.prompt_tokens} of {stats.prompt_truncated_from} prompt tokens",
+            err=True,
+        )
+    if stats.note:
+        echo(f"mlxspec: {stats.note}", err=True)
+        hint = fast_blas_hint()
+        if hint:
+            echo(hint, err=True)
+    if verbose:
+        echo(format_stats(stats), err=True)

@@ -1,0 +1,140 @@
+"""DecodeOptions: every per-generation choice in one dataclass, built by the CLI, read by api, bench and tests.
+
+Validation lives here, so the CLI and the Python API refuse the same inputs with the same one-line messages.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .errors import UserError
+from .sampling import SamplingConfig
+
+MAX_NUM_DRAFT = 64  # the longest chain, or the deepest tree, one step may draft
+ADAPTIVE_MAX_DRAFT = 8  # the longest chain the adaptive controller may choose
+MAX_SEED = 2**64 - 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def parse_num_draft(value: Any) -> int | str:
+    """An int 1..64 or 'auto' (CLI text '4' and 'auto' included); anything else is refused by name."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if not _is_int(value):
+        raise UserError(f"num_draft {value!r} is not a whole number; pass 1..{MAX_NUM_DRAFT} or 'auto'")
+    if not 1 <= value <= MAX_NUM_DRAFT:
+        raise UserError(f"num_draft {value} is outside 1..{MAX_NUM_DRAFT}; 4 is a good start, or 'auto' to adapt it")
+    return int(value)
+
+
+@dataclass
+class DecodeOptions:
+    """What one generation does: how long, how it samples, and how it drafts. Output law never depends on the
+    drafting fields: they change speed only."""
+
+    # length and stopping
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    stop_at_eos: bool = True
+    # sampling (the target's law)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = 0  # None: a random seed, reported in the result so the run can be repeated
+    # the prompt
+    chat: bool = False
+    heal: bool = False  # token healing: the first token may re-complete the prompt's last one
+    truncate: bool = False  # keep the prompt's last tokens that fit the context instead of refusing
+    # drafting (speed only)
+    num_draft: int | str = "auto"  # chain length or tree depth; "auto" adapts it to acceptance and cost
+    use_draft: bool = True  # False: no draft model or heads (prompt lookup may still draft)
+    tree_topk: int = 1  # > 1: a tree of the drafter's top-k alternatives at every depth
+    tree_nodes: int | None = None  # the tree's node budget (sets its depth)
+    lookup: bool = False  # prompt lookup first; the draft model covers what does not repeat
+    lookup_candidates: int = 1  # > 1: that many distinct continuations verified as one tree
+    corpus_fallback: bool = True  # lookup guesses one token from a stdlib bigram table where nothing matches
+    kv_bits: int | None = None  # quantize both KV caches (4 or 8)
+    draft_window: int | None = None  # cap the draft model's KV cache at this many tokens
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(float(self.temperature), float(self.top_p), int(self.top_k), float(self.min_p))
+
+    @property
+    def adaptive(self) -> bool:
+        return self.num_draft == "auto"
+
+    @property
+    def depth(self) -> int:
+        """The chain length or tree depth drafted per step (the adaptive controller's ceiling when adaptive)."""
+        if self.tree_nodes:
+            return max(1, self.tree_nodes // self.tree_topk)
+        return ADAPTIVE_MAX_DRAFT if self.adaptive else int(self.num_draft)
+
+    @property
+    def max_nodes(self) -> int:
+        """The most drafted nodes one step may verify."""
+        return self.depth * max(self.tree_topk, self.lookup_candidates if self.lookup else 1)
+
+    def updated(self, **changes: Any) -> DecodeOptions:
+        """A copy with `changes` applied; an unknown name is refused with the list of known ones."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise UserError(f"unknown option {unknown[0]!r}; options are: {', '.join(sorted(known))}")
+        return replace(self, **changes)
+
+    def validate(self, vocab_size: int | None = None) -> DecodeOptions:
+        """Refuse bad values by name (one line each); returns a normalized copy (stop as a list, num_draft parsed)."""
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise UserError(f"max_tokens {self.max_tokens!r} must be a whole number >= 1")
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise UserError(f"{name} {value!r} is not a finite number")
+        if not _is_int(self.top_k):
+            raise UserError(f"top_k {self.top_k!r} is not a whole number; use 0 to disable it")
+        self.sampling.validate()
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise UserError(f"seed {self.seed!r} must be a whole number in 0..2**64-1, or None for a random one")
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise UserError(f"stop {self.stop!r} must be a string or a list of strings")
+        if any(s == "" for s in stop):
+            raise UserError("an empty stop string would stop before the first token; drop it")
+        num_draft = parse_num_draft(self.num_draft)
+        for name in ("tree_topk", "lookup_candidates"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise UserError(f"{name} {value!r} must be a whole number >= 1 (1 drafts a single chain)")
+        if vocab_size is not None and self.tree_topk > vocab_size:
+            raise UserError(f"tree_topk {self.tree_topk} exceeds the vocabulary ({vocab_size} tokens)")
+        if self.tree_nodes is not None:
+            if not _is_int(self.tree_nodes) or self.tree_nodes < self.tree_topk:
+                raise UserError(f"tree_nodes {self.tree_nodes!r} must be a whole number >= tree_topk {self.tree_topk}")
+            if self.tree_nodes // self.tree_topk > MAX_NUM_DRAFT:
+                depth = self.tree_nodes // self.tree_topk
+                raise UserError(
+                    f"tree_nodes {self.tree_nodes} with tree_topk {self.tree_topk} is {depth} deep; the deepest "
+                    f"tree is {MAX_NUM_DRAFT}: lower tree_nodes or raise tree_topk"
+                )
+        if self.lookup_candidates > 1 and not self.lookup:
+            raise UserError(f"lookup_candidates {self.lookup_candidates} needs lookup (--lookup)")
+        if self.kv_bits not in (None, 4, 8):
+            raise UserError(f"kv_bits {self.kv_bits!r} is not supported; use 4 or 8")
+        if self.draft_window is not None and (not _is_int(self.draft_window) or self.draft_window < 1):
+            raise UserError(f"draft_window {self.draft_window!r} must be a whole number of tokens >= 1")
+        return replace(self, stop=list(stop), num_draft=num_draft)

@@ -1,0 +1,28 @@
+"""The target's own features for drafters that read them (Medusa today, EAGLE and MTP heads next): the final hidden
+state from the same forward pass, and the output head that turns a hidden state into logits exactly as the model
+does. Works on unmodified mlx-lm models: `model.model` returns the final (normed) hidden states."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def output_head(model: nn.Module):
+    """h -> logits exactly as the model's own __call__ computes them from model.model's output."""
+    base = model.lm_head if "lm_head" in model else model.model.embed_tokens.as_linear
+    cap = getattr(model, "final_logit_softcapping", None)
+
+    def head(h: mx.array) -> mx.array:
+        out = base(h)
+        return mx.tanh(out / cap) * cap if cap else out
+
+    return head
+
+
+def forward_with_hidden(model: nn.Module, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
+    """(final hidden states [B, L, D], logits [B, L, V]) from one forward pass."""
+    hidden = model.model(inputs, cache=cache)
+    return hidden, output_head(model)(hidden)
