@@ -7,12 +7,12 @@ from importlib import import_module
 
 __version__ = "0.1.0"
 _EXPORTS = {
-    "Chunk": "api",
+    "Chunk": "results",
     "DecodeOptions": "options",
     "SlowBLASWarning": "api",
-    "GenerationResult": "api",
+    "GenerationResult": "results",
     "Speculator": "api",
-    "Stats": "api",
+    "Stats": "results",
     "generate": "api",
     "load": "api",
     "UserError": "errors",

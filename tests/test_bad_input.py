@@ -222,7 +222,7 @@ def test_a_too_long_prompt_is_one_line_and_truncate_keeps_the_tail(cli_run, tiny
         (["--tree-nodes", "-3"], "--tree-nodes"),
         (["--draft-window", "-10"], "--draft-window"),
         (["-k", "0"], "--num-draft"),
-        (["--context", "100000"], "past target's own context of 512"),
+        (["--context", "100000"], "target's own context of 512"),
         (["--memory", "8GB", "--device", "m2-16gb"], "two budgets"),
         (["--model", "no-such-preset"], "not a preset"),
     ],

@@ -1,0 +1,65 @@
+"""What a generation returns: streamed chunks, the final result and its statistics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    drafted: int = 0  # tokens (chains) or nodes (trees) proposed
+    accepted: int = 0
+    tree_nodes: int = 0  # nodes verified per step by tree drafts (0 for chains)
+    mode: str = ""  # what drafted: "plain", "draft model", "draft model tree 4x2", "prompt lookup", ...
+    num_draft: int | str = 0  # the draft length, or "auto" (adapted every step)
+    seed: int = 0  # the seed used (drawn at random when none was given), so any run can be repeated
+    prompt_truncated_from: int = 0  # the prompt's length before --truncate cut it (0: not cut)
+    note: str = ""  # why mlxspec decoded plainly instead of speculating, if it did
+    prompt_seconds: float = 0.0
+    generation_seconds: float = 0.0
+    peak_memory_bytes: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha: the fraction of drafted tokens the target accepted."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """tau: generated tokens per target forward pass (1.0 for plain decoding)."""
+        return self.generated_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for name in ("acceptance_rate", "tokens_per_target_call", "tokens_per_second", "prompt_tokens_per_second"):
+            out[name] = getattr(self, name)
+        return out
+
+
+@dataclass
+class Chunk:
+    """One streamed piece: the text and tokens accepted in a step."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str | None = None  # "stop" (EOS or a stop string), "length", or None while running
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    stats: Stats = field(default_factory=Stats)
+    finish_reason: str | None = None
