@@ -13,6 +13,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from .api import Speculator
 from .corpus import read_text, split_files
+from .loading import LoadedModel
 
 
 @dataclass
@@ -35,11 +36,28 @@ class ModeResult:
     tokens_per_target_call: float
     target_calls_per_token: float
     peak_memory_bytes: int
-    speedup: float = 0.0
+    speedup: float = 0.0  # against the first mode, mlx-lm's plain decoding
+    speedup_vs_own_plain: float = 0.0  # against mlxspec's own plain decoding (speculation's share of the gain)
     runs: list[dict] = field(default_factory=list)
 
 
 RunFn = Callable[[list[int], int, float, float, int], Run]
+
+
+def widened_target(target: LoadedModel, spec) -> LoadedModel:
+    """The target widened in memory (widen.py); its name keys its own cost curve."""
+    from .widen import widen
+
+    model, config = widen(target.model, target.config, spec)
+    return LoadedModel(
+        model, target.tokenizer, config, target.path.parent / f"{target.path.name}-widened-{spec.layers}x{spec.width}"
+    )
+
+
+def parameter_count(target: LoadedModel) -> str:
+    from mlx.utils import tree_flatten
+
+    return f"{sum(v.size for _, v in tree_flatten(target.model.parameters())) / 1e6:.1f}M parameters"
 
 
 def heldout_prompts(tokenizer, num_prompts: int = 8, prompt_tokens: int = 128) -> list[list[int]]:
@@ -142,6 +160,7 @@ def run_modes(
         for name, mode_passes in passes.items()
     }
     base_rates = next(iter(rates.values()))
+    own_rates = rates.get("mlxspec no-draft")
     results = []
     for name, mode_passes in passes.items():
         every = [x for runs in mode_passes for x in runs]
@@ -158,6 +177,9 @@ def run_modes(
                 target_calls_per_token=calls / tokens if tokens else 0.0,
                 peak_memory_bytes=max(x.peak_memory_bytes for x in every),
                 speedup=statistics.median(rate / base for rate, base in zip(rates[name], base_rates)),
+                speedup_vs_own_plain=statistics.median(r / o for r, o in zip(rates[name], own_rates))
+                if own_rates
+                else 0.0,
                 runs=[asdict(x) for x in every],
             )
         )
@@ -166,7 +188,7 @@ def run_modes(
 
 def format_table(results: list[ModeResult]) -> str:
     header = (
-        f"{'mode':28s} {'tok/s':>8s} {'(min-max)':>15s} {'speedup':>8s} {'alpha':>6s} {'tau':>5s} "
+        f"{'mode':28s} {'tok/s':>8s} {'(min-max)':>15s} {'speedup':>8s} {'vs own':>7s} {'alpha':>6s} {'tau':>5s} "
         f"{'calls/tok':>9s} {'peak MiB':>8s}"
     )
     lines = [header, "-" * len(header)]
@@ -174,7 +196,8 @@ def format_table(results: list[ModeResult]) -> str:
         spread = f"({r.tokens_per_second_min:.1f}-{r.tokens_per_second_max:.1f})"
         lines.append(
             f"{r.mode:28s} {r.tokens_per_second:8.1f} {spread:>15s} "
-            f"{r.speedup:7.2f}x {r.acceptance_rate:6.2f} {r.tokens_per_target_call:5.2f} "
+            f"{r.speedup:7.2f}x {r.speedup_vs_own_plain:6.2f}x "
+            f"{r.acceptance_rate:6.2f} {r.tokens_per_target_call:5.2f} "
             f"{r.target_calls_per_token:9.2f} {r.peak_memory_bytes / 2**20:8.1f}"
         )
     return "\n".join(lines)
@@ -223,6 +246,23 @@ def build_modes(
         modes["mlxspec medusa chain"] = mlxspec_mode(medusa, num_draft=heads)
         modes[f"mlxspec medusa tree {2 * heads}n"] = mlxspec_mode(medusa, num_draft=heads, tree_topk=2)
     return modes
+
+
+def verify_cost_line(speculator: Speculator, max_tokens: int) -> str:
+    """v(n): the cost of verifying n tokens relative to one, from this device's cached curve (measured once)."""
+    from .costs import cached_curve
+
+    sizes = tuple(range(1, max(max_tokens, 2) + 1))
+    draft = speculator.draft
+    curve = cached_curve(
+        speculator.target.model,
+        draft.model if draft else None,
+        speculator.target.path,
+        draft.path if draft else None,
+        sizes=sizes,
+    )
+    costs = ", ".join(f"v({n})={curve.target_cost(n) / curve.target_cost(1):.2f}" for n in sizes[1:])
+    return f"# one target token {1e3 * curve.target_cost(1):.2f} ms; verifying n tokens costs {costs}"
 
 
 def verify_curve_report(speculator: Speculator, max_tokens: int = 32) -> str:

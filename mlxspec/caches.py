@@ -142,8 +142,8 @@ def make_speculative_cache(
             out.append(layer_cache)
         else:
             raise UserError(
-                f"{model_family(model)} keeps recurrent state ({type(layer_cache).__name__}) that cannot be rolled back, "
-                "so it cannot be drafted for yet; decode plainly with --no-draft"
+                f"{model_family(model)} keeps recurrent state ({type(layer_cache).__name__}) that cannot be rolled "
+                "back, so it cannot be drafted for yet; decode plainly with --no-draft"
             )
     return out
 

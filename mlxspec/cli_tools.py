@@ -68,6 +68,12 @@ def _tokens_in_vocab(prompts: list[list[int]], vocab: int, path) -> None:
 @click.option("--profile", is_flag=True, help="Also report the per-step time split of the draft-model mode.")
 @click.option("--json", "json_out", default=None, help="Also write the results to this JSON file.")
 @click.option("--plot", "plot_path", default=None, help="Also draw speedup vs k and tok/s per mode to a PNG.")
+@click.option(
+    "--widen",
+    default=None,
+    help="Bench a function-preserving widening of the target, LAYERSxWIDTH (e.g. 24x768): the same logits at the "
+    "memory traffic of a bigger model.",
+)
 def bench(
     model,
     draft,
@@ -85,6 +91,7 @@ def bench(
     profile,
     json_out,
     plot_path,
+    widen,
 ) -> None:
     """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts."""
     import mlx.core as mx
@@ -107,10 +114,20 @@ def bench(
             raise UserError("--plot needs matplotlib: pip install 'mlxspec[plot]'") from None
     num_drafts = num_drafts or (2, 4, 6)
     temps = temps or (0.0, 0.7)
-    if medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():
-        medusa_path = str(MODELS_DIR / "medusa")
+    widen_spec = None
+    if widen:
+        from .widen import WidenSpec
+
+        widen_spec = WidenSpec.parse(widen)
+    elif medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():
+        medusa_path = str(MODELS_DIR / "medusa")  # heads fit the target they were trained on, not a widening
     # The embedded draft with the embedded target; otherwise only what was passed (no default prompt lookup).
     speculator = load(model, draft or ("auto" if model is None else None), num_draft=max(num_drafts))
+    if widen_spec is not None:
+        speculator.target = bench_module.widened_target(speculator.target, widen_spec)
+        click.echo(
+            f"# target: {speculator.target.path.name}, {bench_module.parameter_count(speculator.target)}", err=True
+        )
     heads = None
     if medusa_path:
         from .medusa import load_medusa
@@ -121,6 +138,7 @@ def bench(
     if verify_curve:
         click.echo(bench_module.verify_curve_report(speculator))
         return
+    click.echo(bench_module.verify_cost_line(speculator, max(num_drafts) + 1))
     if speculator.draft is None and heads is None:
         raise UserError("bench compares drafters; pass --draft or --medusa")
     prompts = (
@@ -133,7 +151,8 @@ def bench(
     timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
     click.echo(
         f"# {len(prompts)} prompts x {max_tokens} tokens, median of {repeats} passes that each run every mode in "
-        f"turn; speedup is the median within-pass ratio to the first mode; {blas_in_use()} BLAS"
+        f"turn; speedup is the median within-pass ratio to the first mode, 'vs own' to mlxspec's own plain "
+        f"decoding; {blas_in_use()} BLAS"
         + (f" (OPENBLAS_THREAD_TIMEOUT={timeout})" if timeout else "")
         + f", device {mx.default_device()}"
     )

@@ -18,7 +18,7 @@ def test_eos_inside_an_accepted_draft_ends_generation_before_it(spec):
     # Find a prompt whose greedy continuation hits EOS a few tokens in, so it lands inside a 5-token step.
     for prompt in ("a", "b", "c", "d", "e", "f", "g", "ab", "ba", "gf", "fed", "cab"):
         reference = mlx_lm_greedy(spec.target.model, spec.encode(prompt), 30)
-        if EOS in reference[1:]:
+        if EOS in reference and reference.index(EOS) % 5 != 0:  # not at a step's start: inside its drafts
             break
     else:
         pytest.fail("no test prompt reaches EOS")
@@ -29,7 +29,6 @@ def test_eos_inside_an_accepted_draft_ends_generation_before_it(spec):
     assert result.finish_reason == "stop"
     # The scenario really happened: self-drafting accepts every draft, so each step emits 5 tokens, and the EOS
     # (token `cut`) sat inside a step, after at least one accepted token of that step.
-    assert cut % 5 != 0, f"EOS at {cut} starts a step; pick another prompt"
     assert result.stats.target_calls == cut // 5 + 1
     assert result.stats.accepted == result.stats.drafted == 4 * result.stats.target_calls
 

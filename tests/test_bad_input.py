@@ -139,6 +139,7 @@ def test_a_model_without_a_tokenizer_says_so_in_full(cli_run, broken_models):
 
 def test_a_config_missing_a_key_or_a_directory_as_config_is_one_line(cli_run, broken_models, tmp_path):
     assert_one_line(cli_run("plan", "--model", broken_models["no-hidden-size"] / "config.json"), "'hidden_size'")
+    assert_one_line(cli_run(*G, "--model", broken_models["no-hidden-size"]), "could not load", "hidden_size")
     (tmp_path / "config.json").mkdir()
     assert_one_line(cli_run("plan", "--model", tmp_path), "is a directory")
     assert_one_line(cli_run(*G, "--model", tmp_path), "is a directory")

@@ -70,10 +70,10 @@ def test_a_wheel_install_generates_and_plans_from_another_directory(wheel, tmp_p
     assert where.returncode == 0, where.stderr
     module_file, models = where.stdout.split()
     assert module_file.startswith(str(own_site)) and models == str(own_site / "mlxspec" / "models")
-    gen = run("-m", "mlxspec", "generate", "def f():", "--max-tokens", "8", "--json")
+    gen = run("-m", "mlxspec", "generate", "def f():", "--max-tokens", "8", "-k", "2", "--json")
     assert gen.returncode == 0, gen.stderr
     out = json.loads(gen.stdout)
-    assert len(out["tokens"]) == 8 and out["stats"]["drafted"] > 0
+    assert len(out["tokens"]) == 8 and out["mode"] == "draft model" and out["stats"]["drafted"] > 0
     listing = subprocess.run(
         [venv / "bin" / "mlxspec", "plan", "--list"], cwd=elsewhere, capture_output=True, text=True, env=env
     )

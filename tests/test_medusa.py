@@ -92,3 +92,14 @@ def test_train_save_load_and_refuse_other_base_models(tiny_dirs, tmp_path):
     # Resuming a finished run does not train again and gives the same heads.
     again = train_medusa(target, out, config, log=lambda s: None)
     assert mx.allclose(again(x, head), trained(x, head)).item()
+
+
+def test_training_stops_on_a_non_finite_loss_and_saves_nothing(tiny_dirs, tmp_path, monkeypatch):
+    import mlxspec.medusa_train as medusa_train
+
+    target = load_model(tiny_dirs["target"])
+    monkeypatch.setattr(medusa_train, "head_losses", lambda *args: mx.full((2,), float("nan")))
+    out = tmp_path / "heads"
+    with pytest.raises(UserError, match="the loss became nan at step 1; .* lower --lr"):
+        train_medusa(target, out, MedusaTrainConfig(num_heads=2, steps=3, batch_size=2, seq_len=16), log=lambda s: None)
+    assert not (out / "medusa_config.json").exists() and not (out / "checkpoint").exists()

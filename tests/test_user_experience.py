@@ -1,0 +1,50 @@
+"""What a new user meets around generation: progress lines, the fast-BLAS warning, draft suggestions."""
+
+import io
+import shutil
+import warnings
+
+import mlxspec.api as api
+from mlxspec.generate_command import cached_drafts_with_tokenizer
+from mlxspec.progress import Progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_shows_an_eta_on_a_terminal_and_nothing_in_a_pipe():
+    shown, piped = Terminal(), io.StringIO()
+    for stream in (shown, piped):
+        progress = Progress("measuring", 4, stream=stream)
+        progress.update(0)
+        progress.update(2)
+        progress.close()
+    assert "mlxspec: measuring 2/4, ETA" in shown.getvalue() and shown.getvalue().endswith("\r")
+    assert piped.getvalue() == ""
+
+
+def test_the_api_warns_about_reference_blas_once(monkeypatch):
+    import mlxspec.platform as platform
+
+    monkeypatch.setattr(platform, "fast_blas_hint", lambda: "mlxspec: MLX is using reference BLAS; ...")
+    monkeypatch.setattr(api, "_warned_blas", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        api.warn_if_slow_blas()
+        api.warn_if_slow_blas()
+    assert [w.category for w in caught] == [api.SlowBLASWarning]
+
+
+def test_cached_models_that_share_the_tokenizer_are_suggested_as_drafts(tmp_path, monkeypatch, tiny_dirs):
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    for repo, source in (("org--same", "target"), ("org--other", "mismatched"), ("org--self", "target")):
+        snapshot = cache / f"models--{repo}" / "snapshots" / "0123"
+        snapshot.mkdir(parents=True)
+        shutil.copy(tiny_dirs[source] / "tokenizer.json", snapshot / "tokenizer.json")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    target = cache / "models--org--self" / "snapshots" / "0123"
+    assert cached_drafts_with_tokenizer(target) == ["org/same"]
