@@ -248,52 +248,6 @@ def build_modes(
     return modes
 
 
-def verify_cost_line(speculator: Speculator, max_tokens: int) -> str:
-    """v(n): the cost of verifying n tokens relative to one, from this device's cached curve (measured once)."""
-    from .costs import cached_curve
-
-    sizes = tuple(range(1, max(max_tokens, 2) + 1))
-    draft = speculator.draft
-    curve = cached_curve(
-        speculator.target.model,
-        draft.model if draft else None,
-        speculator.target.path,
-        draft.path if draft else None,
-        sizes=sizes,
-    )
-    costs = ", ".join(f"v({n})={curve.target_cost(n) / curve.target_cost(1):.2f}" for n in sizes[1:])
-    return f"# one target token {1e3 * curve.target_cost(1):.2f} ms; verifying n tokens costs {costs}"
-
-
-def verify_curve_report(speculator: Speculator, max_tokens: int = 32) -> str:
-    """Cost of one target forward over 1, 2, 4, ... tokens on this device, and the draft length it implies."""
-    from .costs import best_draft_length, cached_curve, expected_speedup
-
-    sizes = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_tokens)
-    draft = speculator.draft
-    curve = cached_curve(
-        speculator.target.model,
-        draft.model if draft else None,
-        speculator.target.path,
-        draft.path if draft else None,
-        refresh=True,
-        sizes=sizes,
-    )
-    base = curve.target[1]
-    lines = [
-        f"verification cost at context {curve.context} ({curve.blas} BLAS), median of 7:",
-        f"{'tokens':>8s} {'ms':>9s} {'x one token':>12s}",
-    ]
-    lines += [f"{n:8d} {t * 1e3:9.2f} {t / base:12.2f}" for n, t in sorted(curve.target.items())]
-    if draft is not None:
-        lines.append(f"draft, one token: {curve.draft_one * 1e3:.2f} ms ({curve.draft_one / base:.2f} x target)")
-        lines.append("best draft length (Leviathan's expected speedup) by acceptance rate:")
-        for alpha in (0.3, 0.5, 0.7, 0.9):
-            k = best_draft_length(curve, alpha, max(1, max(sizes) - 1))
-            lines.append(f"  alpha {alpha:.1f}: k={k}, expected speedup {expected_speedup(curve, alpha, k):.2f}x")
-    return "\n".join(lines)
-
-
 def profile_split(
     speculator: Speculator, prompts: list[list[int]], max_tokens: int, num_draft: int, temperature: float
 ) -> dict[str, float]:
@@ -315,31 +269,3 @@ def profile_split(
             produced += len(engine.step(max_tokens - produced).tokens)
             steps += 1
     return {phase: seconds / steps for phase, seconds in totals.items()}
-
-
-def plot(results_by_temp: dict[str, list[ModeResult]], path: str) -> None:
-    """speedup vs K for the draft-model modes, and tok/s per mode, one row per temperature."""
-    import re
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(results_by_temp), 2, figsize=(13, 4.5 * len(results_by_temp)), squeeze=False)
-    for row, (temp, results) in enumerate(results_by_temp.items()):
-        for prefix in ("mlxspec draft k=", "mlx-lm speculative k="):
-            points = sorted(
-                (int(m.group(1)), r.speedup)
-                for r in results
-                if (m := re.fullmatch(re.escape(prefix) + r"(\d+)", r.mode))
-            )
-            if points:
-                axes[row][0].plot(*zip(*points), marker="o", label=prefix.rstrip(" k="))
-        axes[row][0].axhline(1.0, color="grey", lw=0.8)
-        axes[row][0].set(xlabel="draft length k", ylabel="speedup vs plain", title=f"temperature {temp}")
-        axes[row][0].legend()
-        axes[row][1].barh([r.mode for r in results], [r.tokens_per_second for r in results])
-        axes[row][1].set(xlabel="tokens/s", title=f"temperature {temp}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)

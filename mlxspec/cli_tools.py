@@ -104,6 +104,8 @@ def bench(
         )
     from . import bench as bench_module
     from .api import load
+    from .bench_plot import plot
+    from .costs import verify_cost_line, verify_curve_report
     from .loading import MODELS_DIR
     from .platform import blas_in_use, fast_blas_hint
 
@@ -136,9 +138,9 @@ def bench(
     if fast_blas_hint():
         click.echo(fast_blas_hint(), err=True)
     if verify_curve:
-        click.echo(bench_module.verify_curve_report(speculator))
+        click.echo(verify_curve_report(speculator))
         return
-    click.echo(bench_module.verify_cost_line(speculator, max(num_drafts) + 1))
+    click.echo(verify_cost_line(speculator, max(num_drafts) + 1))
     if speculator.draft is None and heads is None:
         raise UserError("bench compares drafters; pass --draft or --medusa")
     prompts = (
@@ -180,7 +182,7 @@ def bench(
                 indent=1,
             )
     if plot_path:
-        bench_module.plot(by_temp, plot_path)
+        plot(by_temp, plot_path)
 
 
 @click.command()
@@ -228,7 +230,8 @@ def plan(
     """Will the target, its drafter and both KV caches fit the device at this context? Reads metadata only."""
     from .devices import PRESETS, resolve_device
     from .metadata import load_metadata, preset_names
-    from .planner import PlanRequest, format_plan, make_plan
+    from .plan_format import format_plan
+    from .planner import PlanRequest, make_plan
 
     if list_presets:
         click.echo("models:  " + ", ".join(preset_names()))

@@ -157,3 +157,47 @@ class DraftLengthController:
         if drafted:
             self.successes = self.memory * self.successes + accepted
             self.failures = self.memory * self.failures + (accepted < drafted)
+
+
+def verify_cost_line(speculator, max_tokens: int) -> str:
+    """v(n): the cost of verifying n tokens relative to one, from this device's cached curve (measured once)."""
+    sizes = tuple(range(1, max(max_tokens, 2) + 1))
+    draft = speculator.draft
+    curve = cached_curve(
+        speculator.target.model,
+        draft.model if draft else None,
+        speculator.target.path,
+        draft.path if draft else None,
+        sizes=sizes,
+    )
+    costs = ", ".join(f"v({n})={curve.target_cost(n) / curve.target_cost(1):.2f}" for n in sizes[1:])
+    return f"# one target token {1e3 * curve.target_cost(1):.2f} ms; verifying n tokens costs {costs}"
+
+
+def verify_curve_report(speculator, max_tokens: int = 32) -> str:
+    """Cost of one target forward over 1, 2, 4, ... tokens on this device, and the draft length it implies."""
+    from .costs import best_draft_length, cached_curve, expected_speedup
+
+    sizes = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_tokens)
+    draft = speculator.draft
+    curve = cached_curve(
+        speculator.target.model,
+        draft.model if draft else None,
+        speculator.target.path,
+        draft.path if draft else None,
+        refresh=True,
+        sizes=sizes,
+    )
+    base = curve.target[1]
+    lines = [
+        f"verification cost at context {curve.context} ({curve.blas} BLAS), median of 7:",
+        f"{'tokens':>8s} {'ms':>9s} {'x one token':>12s}",
+    ]
+    lines += [f"{n:8d} {t * 1e3:9.2f} {t / base:12.2f}" for n, t in sorted(curve.target.items())]
+    if draft is not None:
+        lines.append(f"draft, one token: {curve.draft_one * 1e3:.2f} ms ({curve.draft_one / base:.2f} x target)")
+        lines.append("best draft length (Leviathan's expected speedup) by acceptance rate:")
+        for alpha in (0.3, 0.5, 0.7, 0.9):
+            k = best_draft_length(curve, alpha, max(1, max(sizes) - 1))
+            lines.append(f"  alpha {alpha:.1f}: k={k}, expected speedup {expected_speedup(curve, alpha, k):.2f}x")
+    return "\n".join(lines)
