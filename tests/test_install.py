@@ -37,8 +37,10 @@ def test_the_wheel_carries_the_models_and_presets_once(wheel):
 
 
 def test_a_wheel_install_generates_and_plans_from_another_directory(wheel, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}  # nothing but the venv's own paths
+    env["MLXSPEC_CACHE"] = str(tmp_path / "cache")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=env)
     python = venv / "bin" / "python"
     own_site = Path(
         subprocess.run(
@@ -46,6 +48,7 @@ def test_a_wheel_install_generates_and_plans_from_another_directory(wheel, tmp_p
             capture_output=True,
             text=True,
             check=True,
+            env=env,
         ).stdout.strip()
     )
     # The wheel without its dependencies (no network needed); they come from this environment, searched after the
@@ -55,13 +58,12 @@ def test_a_wheel_install_generates_and_plans_from_another_directory(wheel, tmp_p
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert install.returncode == 0, install.stderr
     (own_site / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    env["MLXSPEC_CACHE"] = str(tmp_path / "cache")
 
     def run(*args):
         return subprocess.run([python, *args], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300)
