@@ -1,7 +1,7 @@
 """Save a function-preserving widening of a model as an mlx-lm model directory (the bench bed, on disk).
 
-    python scripts/widen_model.py --widen 24x768 --out /tmp/target-24x768      # the embedded target by default
-    mlxspec bench --model /tmp/target-24x768 --draft models/draft               # or: mlxspec bench --widen 24x768
+python scripts/widen_model.py --widen 24x768 --out /tmp/target-24x768      # the embedded target by default
+mlxspec bench --model /tmp/target-24x768 --draft models/draft               # or: mlxspec bench --widen 24x768
 """
 
 from __future__ import annotations

@@ -123,3 +123,15 @@ def test_deterministic_chain_agrees_with_one_hot_leviathan_and_with_the_tree_ver
         nodes = mx.array([9, *drafted.tolist()], dtype=mx.int32)  # node 0 is the root; its token is never compared
         tree_n, tree_next = accept_tree_samples(nodes, parents, mx.array(samples), shape.max_depth)
         assert (n.item(), nxt.item()) == (ref_n.item(), ref_next.item()) == (tree_n.item(), tree_next.item())
+
+
+def test_a_token_the_target_gives_zero_probability_is_never_accepted_even_when_u_is_zero(monkeypatch):
+    """Acceptance is u * q(x) < p(x), strictly: with p(x) = 0 even the smallest uniform (0.0, which float uniforms
+    can draw) rejects. `<=` would emit a token the target never samples."""
+    from mlxspec import acceptance
+
+    monkeypatch.setattr(mx.random, "uniform", lambda shape, key: mx.zeros(shape))
+    draft = mx.array([[0.5, 0.5, 0.0]])
+    target = mx.array([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
+    num_accepted, next_token = acceptance._accept_chain(mx.array([0]), draft, target, mx.random.key(0), False)
+    assert num_accepted.item() == 0 and next_token.item() == 1  # the residual is all on token 1

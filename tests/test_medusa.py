@@ -103,3 +103,10 @@ def test_training_stops_on_a_non_finite_loss_and_saves_nothing(tiny_dirs, tmp_pa
     with pytest.raises(UserError, match="the loss became nan at step 1; .* lower --lr"):
         train_medusa(target, out, MedusaTrainConfig(num_heads=2, steps=3, batch_size=2, seq_len=16), log=lambda s: None)
     assert not (out / "medusa_config.json").exists() and not (out / "checkpoint").exists()
+
+
+def test_sparse_tree_takes_each_heads_own_number_of_ranks():
+    """Heads may report different numbers of ranks; each depth draws only from its own head's."""
+    paths = sparse_tree([[0.6, 0.3], [0.5, 0.2, 0.1]], max_nodes=10, max_topk=3)
+    assert {p for p in paths if len(p) == 1} == {(0,), (1,)}
+    assert (0, 2) in paths and len(paths) == 2 + 2 * 3

@@ -236,3 +236,17 @@ def test_a_tree_pass_leaves_the_model_and_its_caches_unpatched():
     after = [m["rope"] for _, m in model.named_modules() if isinstance(m, dict) and "rope" in m]
     assert after == ropes_before and not any(isinstance(r, PerTokenRoPE) for r in after)
     assert all("make_mask" not in vars(c) for c in cache)
+
+
+def test_chains_are_recognised_as_chains_and_trees_are_not():
+    """Deterministic chains skip the tree machinery (a plain causal pass and a trim), so is_chain must be exact."""
+    assert TreeShape.chain(4).is_chain and TreeShape((-1,)).is_chain
+    assert not TreeShape((-1, 0, 0)).is_chain and not TreeShape((-1, 0, 1, 1)).is_chain
+
+
+def test_rank_paths_get_their_prefixes_as_parents():
+    from mlxspec.trees import caterpillar_parents, rank_paths_parents
+
+    paths = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+    assert rank_paths_parents(paths) == (-1, 0, 0, 1, 1, 2, 3)
+    assert caterpillar_parents(3, 2) == (-1, 0, 0, 1, 1, 3, 3)
