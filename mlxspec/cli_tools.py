@@ -121,15 +121,15 @@ def bench(
         from .widen import WidenSpec
 
         widen_spec = WidenSpec.parse(widen)
+        if medusa_path:
+            raise UserError("Medusa heads fit the target they were trained on, not its widening; drop --medusa")
     elif medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():
         medusa_path = str(MODELS_DIR / "medusa")  # heads fit the target they were trained on, not a widening
     # The embedded draft with the embedded target; otherwise only what was passed (no default prompt lookup).
     speculator = load(model, draft or ("auto" if model is None else None), num_draft=max(num_drafts))
     if widen_spec is not None:
         speculator.target = bench_module.widened_target(speculator.target, widen_spec)
-        click.echo(
-            f"# target: {speculator.target.path.name}, {bench_module.parameter_count(speculator.target)}", err=True
-        )
+        click.echo(f"# target: {speculator.target.path.name}, {bench_module.parameter_count(speculator.target)}")
     heads = None
     if medusa_path:
         from .medusa import load_medusa

@@ -37,3 +37,16 @@ def test_shapes_that_cannot_hold_the_model_are_refused(text):
     model = make_tiny("llama")
     with pytest.raises(UserError, match="--widen"):
         widen(model, model.config, WidenSpec.parse(text))
+
+
+def test_bench_refuses_medusa_heads_on_a_widening(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "bench", "--widen", "8x576", "--medusa", "models/medusa"],
+        capture_output=True,
+        text=True,
+        env={"MLXSPEC_NO_OPENBLAS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 2 and "drop --medusa" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
