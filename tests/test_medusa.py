@@ -110,3 +110,5 @@ def test_sparse_tree_takes_each_heads_own_number_of_ranks():
     paths = sparse_tree([[0.6, 0.3], [0.5, 0.2, 0.1]], max_nodes=10, max_topk=3)
     assert {p for p in paths if len(p) == 1} == {(0,), (1,)}
     assert (0, 2) in paths and len(paths) == 2 + 2 * 3
+    # Depth 1 is scored by head 1's accuracies and depth 2 by head 2's: (1, 0) = .35 * .5 beats (0, 1) = .6 * .25.
+    assert sparse_tree([[0.6, 0.35], [0.5, 0.25, 0.1]], max_nodes=4, max_topk=3) == [(0,), (1,), (0, 0), (1, 0)]

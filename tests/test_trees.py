@@ -238,6 +238,13 @@ def test_a_tree_pass_leaves_the_model_and_its_caches_unpatched():
     assert all("make_mask" not in vars(c) for c in cache)
 
 
+def test_a_tree_shape_refuses_parents_that_do_not_precede_their_children():
+    with pytest.raises(AssertionError):
+        TreeShape((-1, 2, 0))
+    with pytest.raises(AssertionError):
+        TreeShape((0, 0))
+
+
 def test_chains_are_recognised_as_chains_and_trees_are_not():
     """Deterministic chains skip the tree machinery (a plain causal pass and a trim), so is_chain must be exact."""
     assert TreeShape.chain(4).is_chain and TreeShape((-1,)).is_chain
