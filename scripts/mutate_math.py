@@ -100,7 +100,7 @@ def run_mutant(file: str, index: int, workdir: Path, timeout: int) -> tuple[str,
     (copy / "models").symlink_to(ROOT / "models")
     # Run from the copy: `python -m` puts the working directory first on sys.path, ahead of any install.
     env = dict(os.environ, PYTHONPATH=str(copy), MLXSPEC_NO_OPENBLAS="1")
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *TESTS]
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *TESTS]
     try:
         proc = subprocess.run(command, cwd=copy, env=env, capture_output=True, timeout=timeout)
         verdict = "survived" if proc.returncode == 0 else "killed"

@@ -58,7 +58,8 @@ def main() -> int:
         return 2
     os.environ["MLXSPEC_NO_OPENBLAS"] = "1"
     args = sys.argv[2:] or ["tests", "-q", "-x", "--deselect", "tests/test_install.py"]
-    return pytest.main([*args, "-p", "no:cacheprovider"], plugins=[VerifierMutation(sys.argv[1])])
+    # -n 0: in this process, where the plugin patched the engine (xdist workers would not see it).
+    return pytest.main([*args, "-n", "0", "-p", "no:cacheprovider"], plugins=[VerifierMutation(sys.argv[1])])
 
 
 if __name__ == "__main__":
