@@ -78,6 +78,7 @@ class Speculator:
         self.medusa = medusa  # MedusaHeads or None
         self.options = (options or DecodeOptions()).validate()
         self._successors = None  # prompt lookup's corpus table, loaded on first use
+        self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
         self.last_stats = Stats()
 
     @property
@@ -202,7 +203,9 @@ class Speculator:
             if options.tree_topk > 1:
                 raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
             return None, None, ""
-        blocker = rollback_blocker(self.target.model)
+        if self._blocker is None:  # the target's cache layout does not change: look once
+            self._blocker = rollback_blocker(self.target.model) or ""
+        blocker = self._blocker or None
         if blocker is not None:
             if not self.options.lookup or wants_model:  # asked for by name: refuse rather than silently not draft
                 from .caches import model_family

@@ -8,6 +8,7 @@ to rotate every token at its own position (prefix + depth) by treating tokens as
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -41,12 +42,28 @@ class PerTokenRoPE(nn.Module):
         return self.inner(x.swapaxes(0, 2), offset=positions).swapaxes(0, 2)
 
 
+# The modules that hold a `rope`, found once per model: walking every module costs about 2 ms a tree step on a
+# 24-layer model. Weak references, so a dropped model is not kept alive by the cache.
+_ROPE_OWNERS: dict[int, tuple[weakref.ref, list[weakref.ref]]] = {}
+
+
+def rope_owners(model: nn.Module) -> list[dict]:
+    entry = _ROPE_OWNERS.get(id(model))
+    if entry is not None and entry[0]() is model:
+        owners = [ref() for ref in entry[1]]
+        if all(owner is not None for owner in owners):
+            return owners
+    owners = [m for _, m in model.named_modules() if isinstance(m, dict) and isinstance(m.get("rope"), nn.Module)]
+    _ROPE_OWNERS[id(model)] = (weakref.ref(model), [weakref.ref(owner) for owner in owners])
+    return owners
+
+
 def wrap_ropes(model: nn.Module, context: TreeContext) -> list[tuple[dict, nn.Module]]:
     """Wrap every attention's `rope` for one pass; returns (module, original rope) pairs to put back."""
     wrapped = []
-    for _, module in model.named_modules():
-        rope = module.get("rope") if isinstance(module, dict) else None
-        if isinstance(rope, nn.Module) and not isinstance(rope, PerTokenRoPE):
+    for module in rope_owners(model):
+        rope = module["rope"]
+        if not isinstance(rope, PerTokenRoPE):
             module["rope"] = PerTokenRoPE(rope, context)
             wrapped.append((module, rope))
     return wrapped
