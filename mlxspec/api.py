@@ -239,16 +239,9 @@ class Speculator:
 
     def draft_length_controller(self, max_draft: int, with_draft: bool = True):
         """Adaptive draft length from this device's measured cost curve (measured once, then cached)."""
-        from .costs import DraftLengthController, cached_curve
+        from .costs import DraftLengthController, speculator_curve
 
-        draft = self.draft if with_draft else None
-        curve = cached_curve(
-            self.target.model,
-            draft.model if draft else None,
-            self.target.path,
-            draft.path if draft else None,
-            sizes=tuple(range(1, max_draft + 2)),
-        )
+        curve = speculator_curve(self, tuple(range(1, max_draft + 2)), with_draft=with_draft)
         return DraftLengthController(curve, max_draft)
 
     def corpus_successors(self):

@@ -159,35 +159,32 @@ class DraftLengthController:
             self.failures = self.memory * self.failures + (accepted < drafted)
 
 
-def verify_cost_line(speculator, max_tokens: int) -> str:
-    """v(n): the cost of verifying n tokens relative to one, from this device's cached curve (measured once)."""
-    sizes = tuple(range(1, max(max_tokens, 2) + 1))
-    draft = speculator.draft
-    curve = cached_curve(
+def speculator_curve(speculator, sizes: tuple[int, ...], with_draft: bool = True, refresh: bool = False) -> CostCurve:
+    """The cached cost curve of a Speculator's target (and draft model, unless with_draft is False)."""
+    draft = speculator.draft if with_draft else None
+    return cached_curve(
         speculator.target.model,
         draft.model if draft else None,
         speculator.target.path,
         draft.path if draft else None,
+        refresh=refresh,
         sizes=sizes,
     )
+
+
+def verify_cost_line(speculator, max_tokens: int) -> str:
+    """v(n): the cost of verifying n tokens relative to one, from this device's cached curve (measured once)."""
+    sizes = tuple(range(1, max(max_tokens, 2) + 1))
+    curve = speculator_curve(speculator, sizes)
     costs = ", ".join(f"v({n})={curve.target_cost(n) / curve.target_cost(1):.2f}" for n in sizes[1:])
     return f"# one target token {1e3 * curve.target_cost(1):.2f} ms; verifying n tokens costs {costs}"
 
 
 def verify_curve_report(speculator, max_tokens: int = 32) -> str:
     """Cost of one target forward over 1, 2, 4, ... tokens on this device, and the draft length it implies."""
-    from .costs import best_draft_length, cached_curve, expected_speedup
-
     sizes = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_tokens)
     draft = speculator.draft
-    curve = cached_curve(
-        speculator.target.model,
-        draft.model if draft else None,
-        speculator.target.path,
-        draft.path if draft else None,
-        refresh=True,
-        sizes=sizes,
-    )
+    curve = speculator_curve(speculator, sizes, refresh=True)
     base = curve.target[1]
     lines = [
         f"verification cost at context {curve.context} ({curve.blas} BLAS), median of 7:",
