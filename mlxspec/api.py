@@ -200,9 +200,7 @@ class Speculator:
 
         wants_model = options.use_draft and (self.draft is not None or self.medusa is not None)
         if not (wants_model or options.lookup):
-            if options.tree_topk > 1:
-                raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
-            return None, None, ""
+            return make_drafter(options), None, ""  # None, or the refusal of a tree with nothing to branch
         if self._blocker is None:  # the target's cache layout does not change: look once
             self._blocker = rollback_blocker(self.target.model) or ""
         blocker = self._blocker or None

@@ -17,7 +17,7 @@ from .caches import cache_offset, make_speculative_cache, rollback
 from .compiled_draft import CompiledDraftChain, pick_draft_token, supports_compiled_draft
 from .errors import UserError
 from .sampling import SamplingConfig
-from .trees import TreeShape, caterpillar_parents, continuation_tree
+from .trees import TreeShape, caterpillar_chain_nodes, caterpillar_parents, continuation_tree
 
 if TYPE_CHECKING:
     from .options import DecodeOptions
@@ -133,7 +133,7 @@ class DraftModelDrafter(Drafter):
     def _draft(self, tokens: mx.array, probs: mx.array | None, num_tokens: int) -> Draft:
         k = self.tree_topk
         self.calls += num_tokens
-        self._chain_nodes = [1 + i * k for i in range(num_tokens)]
+        self._chain_nodes = caterpillar_chain_nodes(num_tokens, k)  # for a chain (k = 1): 1..num_tokens
         if k == 1:
             return Draft(tokens, probs)
         return Draft(tokens, None, TreeShape(caterpillar_parents(num_tokens, k)))

@@ -53,13 +53,18 @@ class TreeShape:
         return cls(tuple(range(-1, length)))
 
 
+def caterpillar_chain_nodes(depth: int, topk: int) -> list[int]:
+    """The node indices of a caterpillar's chain: node 1 + d*topk is the chain's token at depth d (0-based)."""
+    return [1 + d * topk for d in range(depth)]
+
+
 def caterpillar_parents(depth: int, topk: int) -> tuple[int, ...]:
     """A draft model's tree: its greedy chain with the top-k alternatives at every depth as sibling leaves.
 
-    Node 1 + d*topk is the chain's token at depth d (0-based); the other topk - 1 nodes of that depth are leaves
-    hanging off the chain node above. Parents include the root's -1.
+    The other topk - 1 nodes of each depth are leaves hanging off the chain node above (caterpillar_chain_nodes).
+    Parents include the root's -1.
     """
-    chain_node = [0] + [1 + d * topk for d in range(depth)]
+    chain_node = [0, *caterpillar_chain_nodes(depth, topk)]
     return (-1, *(chain_node[d] for d in range(depth) for _ in range(topk)))
 
 
