@@ -206,12 +206,9 @@ class Speculator:
         blocker = self._blocker or None
         if blocker is not None:
             if not self.options.lookup or wants_model:  # asked for by name: refuse rather than silently not draft
-                from .caches import model_family
+                from .caches import cannot_roll_back
 
-                raise UserError(
-                    f"{model_family(self.target.model)} keeps recurrent state ({blocker}) that cannot be rolled "
-                    "back, so it cannot be drafted for yet; decode plainly with --no-draft"
-                )
+                raise cannot_roll_back(self.target.model, blocker)
             note = f"the target keeps recurrent state ({blocker}) that cannot be rolled back; decoding plainly"
             return None, None, note
         successors = self.corpus_successors() if options.lookup and options.corpus_fallback else None

@@ -141,11 +141,16 @@ def make_speculative_cache(
         elif isinstance(layer_cache, QuantizedKVCache) or max_rollback == 0:
             out.append(layer_cache)
         else:
-            raise UserError(
-                f"{model_family(model)} keeps recurrent state ({type(layer_cache).__name__}) that cannot be rolled "
-                "back, so it cannot be drafted for yet; decode plainly with --no-draft"
-            )
+            raise cannot_roll_back(model, type(layer_cache).__name__)
     return out
+
+
+def cannot_roll_back(model: nn.Module, cache_name: str) -> UserError:
+    """The refusal to draft for a model whose layer state cannot be rolled back, naming the family and the way out."""
+    return UserError(
+        f"{model_family(model)} keeps recurrent state ({cache_name}) that cannot be rolled back, so it cannot be "
+        "drafted for yet; decode plainly with --no-draft"
+    )
 
 
 def rollback_blocker(model: nn.Module) -> str | None:
