@@ -11,6 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from . import verify_kernel
 from .drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, make_drafter
 from .engine import SpeculativeEngine
 from .errors import UserError
@@ -164,7 +165,12 @@ class Speculator:
             controller=controller,
         )
         engine.first_token_mask = first_token_mask
-        yield from self._run(engine, drafter, tokens, options, stats, healed_text)
+        backend, status = verify_kernel.resolve(options.kernel)
+        if status.startswith("unavailable"):
+            verify_kernel.warn_once_without_kernel(status)
+        with verify_kernel.routed(self.target.model, backend) as layers:
+            stats.kernel = f"{backend.name} ({layers} layers)" if backend is not None else status
+            yield from self._run(engine, drafter, tokens, options, stats, healed_text)
 
     def _run(self, engine, drafter, tokens, options: DecodeOptions, stats: Stats, healed_text: str) -> Iterator[Chunk]:
         mx.reset_peak_memory()
@@ -225,18 +231,20 @@ class Speculator:
             and options.tree_topk == 1
             and isinstance(drafter, (DraftModelDrafter, PromptLookupDrafter))
         ):
-            controller = self.draft_length_controller(options.depth, with_draft=isinstance(drafter, DraftModelDrafter))
+            controller = self.draft_length_controller(
+                options.depth, with_draft=isinstance(drafter, DraftModelDrafter), kernel=options.kernel
+            )
             if not controller.can_win:
                 return None, None, "verification costs too much on this device for drafting to pay; decoding plainly"
             if isinstance(drafter, PromptLookupDrafter):
                 controller = None  # lookup drafts what matches, up to k; the curve only decides whether to draft
         return drafter, controller, ""
 
-    def draft_length_controller(self, max_draft: int, with_draft: bool = True):
+    def draft_length_controller(self, max_draft: int, with_draft: bool = True, kernel: str = "auto"):
         """Adaptive draft length from this device's measured cost curve (measured once, then cached)."""
         from .costs import DraftLengthController, speculator_curve
 
-        curve = speculator_curve(self, tuple(range(1, max_draft + 2)), with_draft=with_draft)
+        curve = speculator_curve(self, tuple(range(1, max_draft + 2)), with_draft=with_draft, kernel=kernel)
         return DraftLengthController(curve, max_draft)
 
     def corpus_successors(self):

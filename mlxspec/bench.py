@@ -220,6 +220,8 @@ def build_modes(
             modes[f"mlx-lm speculative k={k}"] = mlx_lm_speculative(target, draft, k)
     if "plain" in families:
         modes["mlxspec no-draft"] = mlxspec_mode(speculator, use_draft=False)
+        if speculator.options.kernel != "off":
+            modes["mlxspec no-draft, kernel off"] = mlxspec_mode(speculator, use_draft=False, kernel="off")
     if draft is not None and "draft" in families:
         for k in ks:
             modes[f"mlxspec draft k={k}"] = mlxspec_mode(speculator, num_draft=k)

@@ -143,6 +143,13 @@ def num_draft_option(ctx, param, value):
 @click.option("--draft-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the draft model on load.")
 @click.option("--kv-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize both KV caches.")
 @click.option(
+    "--kernel",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="The verify kernel (reads each weight once for all verified tokens): auto uses it where built for the device.",
+)
+@click.option(
     "--draft-window", type=click.IntRange(min=1), default=None, help="Cap the draft's KV cache at this many tokens."
 )
 @click.option(

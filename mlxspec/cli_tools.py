@@ -74,6 +74,13 @@ def _tokens_in_vocab(prompts: list[list[int]], vocab: int, path) -> None:
     help="Bench a function-preserving widening of the target, LAYERSxWIDTH (e.g. 24x768): the same logits at the "
     "memory traffic of a bigger model.",
 )
+@click.option(
+    "--kernel",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="The verify kernel for every mlxspec mode; with it, a 'no-draft, kernel off' row shows the kernel's share.",
+)
 def bench(
     model,
     draft,
@@ -92,6 +99,7 @@ def bench(
     json_out,
     plot_path,
     widen,
+    kernel,
 ) -> None:
     """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts."""
     import mlx.core as mx
@@ -127,6 +135,7 @@ def bench(
         medusa_path = str(MODELS_DIR / "medusa")  # heads fit the target they were trained on, not a widening
     # The embedded draft with the embedded target; otherwise only what was passed (no default prompt lookup).
     speculator = load(model, draft or ("auto" if model is None else None), num_draft=max(num_drafts))
+    speculator.options = speculator.options.updated(kernel=kernel).validate()
     if widen_spec is not None:
         speculator.target = bench_module.widened_target(speculator.target, widen_spec)
         click.echo(f"# target: {speculator.target.path.name}, {bench_module.parameter_count(speculator.target)}")
@@ -138,9 +147,9 @@ def bench(
     if fast_blas_hint():
         click.echo(fast_blas_hint(), err=True)
     if verify_curve:
-        click.echo(verify_curve_report(speculator))
+        click.echo(verify_curve_report(speculator, kernel=kernel))
         return
-    click.echo(verify_cost_line(speculator, max(num_drafts) + 1))
+    click.echo(verify_cost_line(speculator, max(num_drafts) + 1, kernel=kernel))
     if speculator.draft is None and heads is None:
         raise UserError("bench compares drafters; pass --draft or --medusa")
     prompts = (

@@ -93,9 +93,10 @@ def measure_curve(
     return CostCurve(costs, draft_one, context, blas_in_use())
 
 
-def _key(*model_paths: Path | None) -> str:
-    # OpenBLAS's thread timeout changes small-call costs by up to a third, so curves are kept per setting.
-    parts = [str(mx.default_device()), blas_in_use(), os.environ.get("OPENBLAS_THREAD_TIMEOUT", "")]
+def _key(kernel: str, *model_paths: Path | None) -> str:
+    # OpenBLAS's thread timeout changes small-call costs by up to a third, so curves are kept per setting, and
+    # per verify kernel (its curve is the flat one).
+    parts = [str(mx.default_device()), blas_in_use(), os.environ.get("OPENBLAS_THREAD_TIMEOUT", ""), kernel]
     for path in model_paths:
         if path is not None:
             config = Path(path) / "config.json"
@@ -109,16 +110,19 @@ def cached_curve(
     target_path: Path,
     draft_path: Path | None,
     refresh: bool = False,
+    kernel: str = "none",
     **kwargs,
 ) -> CostCurve:
-    """The cost curve for this device, BLAS and model pair, measured once and then read from the cache."""
-    key = _key(target_path, draft_path)
+    """The cost curve for this device, BLAS, kernel and model pair, measured once and then read from the cache.
+
+    A stored curve that lacks one of the requested sizes is measured again rather than extrapolated."""
+    key = _key(kernel, target_path, draft_path)
     try:
         stored = json.loads((cache_dir() / CURVES_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         stored = {}
-    if key in stored and not refresh:
-        entry = stored[key]
+    entry = stored.get(key)
+    if entry is not None and not refresh and {str(n) for n in kwargs.get("sizes", ())} <= set(entry["target"]):
         return CostCurve(
             {int(n): t for n, t in entry["target"].items()}, entry["draft_one"], entry["context"], entry["blas"]
         )
@@ -159,35 +163,47 @@ class DraftLengthController:
             self.failures = self.memory * self.failures + (accepted < drafted)
 
 
-def speculator_curve(speculator, sizes: tuple[int, ...], with_draft: bool = True, refresh: bool = False) -> CostCurve:
-    """The cached cost curve of a Speculator's target (and draft model, unless with_draft is False)."""
+def speculator_curve(
+    speculator, sizes: tuple[int, ...], with_draft: bool = True, refresh: bool = False, kernel: str = "auto"
+) -> CostCurve:
+    """The cached cost curve of a Speculator's target (and draft model, unless with_draft is False), timed the way
+    generation runs it: through the verify kernel when `kernel` resolves to one."""
+    from . import verify_kernel
+
     draft = speculator.draft if with_draft else None
-    return cached_curve(
-        speculator.target.model,
-        draft.model if draft else None,
-        speculator.target.path,
-        draft.path if draft else None,
-        refresh=refresh,
-        sizes=sizes,
-    )
+    backend, _ = verify_kernel.resolve(kernel)
+    with verify_kernel.routed(speculator.target.model, backend):
+        return cached_curve(
+            speculator.target.model,
+            draft.model if draft else None,
+            speculator.target.path,
+            draft.path if draft else None,
+            refresh=refresh,
+            kernel=backend.name if backend is not None else "none",
+            sizes=sizes,
+        )
 
 
-def verify_cost_line(speculator, max_tokens: int) -> str:
+def verify_cost_line(speculator, max_tokens: int, kernel: str = "auto") -> str:
     """v(n): the cost of verifying n tokens relative to one, from this device's cached curve (measured once)."""
     sizes = tuple(range(1, max(max_tokens, 2) + 1))
-    curve = speculator_curve(speculator, sizes)
+    curve = speculator_curve(speculator, sizes, kernel=kernel)
     costs = ", ".join(f"v({n})={curve.target_cost(n) / curve.target_cost(1):.2f}" for n in sizes[1:])
     return f"# one target token {1e3 * curve.target_cost(1):.2f} ms; verifying n tokens costs {costs}"
 
 
-def verify_curve_report(speculator, max_tokens: int = 32) -> str:
+def verify_curve_report(speculator, max_tokens: int = 32, kernel: str = "auto") -> str:
     """Cost of one target forward over 1, 2, 4, ... tokens on this device, and the draft length it implies."""
+    from . import verify_kernel
+
     sizes = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_tokens)
     draft = speculator.draft
-    curve = speculator_curve(speculator, sizes, refresh=True)
+    curve = speculator_curve(speculator, sizes, refresh=True, kernel=kernel)
     base = curve.target[1]
+    backend, status = verify_kernel.resolve(kernel)
+    kernel_text = f"verify kernel: {backend.name}" if backend is not None else f"verify kernel {status}"
     lines = [
-        f"verification cost at context {curve.context} ({curve.blas} BLAS), median of 7:",
+        f"verification cost at context {curve.context} ({curve.blas} BLAS, {kernel_text}), median of 7:",
         f"{'tokens':>8s} {'ms':>9s} {'x one token':>12s}",
     ]
     lines += [f"{n:8d} {t * 1e3:9.2f} {t / base:12.2f}" for n, t in sorted(curve.target.items())]

@@ -48,6 +48,7 @@ def options_from(p: dict) -> DecodeOptions:
         lookup_candidates=p["lookup_candidates"] or 1,
         corpus_fallback=not p["no_corpus_fallback"],
         kv_bits=int(p["kv_bits"]) if p["kv_bits"] else None,
+        kernel=p["kernel"],
         draft_window=p["draft_window"],
     )
 
@@ -78,6 +79,7 @@ def cached_drafts_with_tokenizer(target: Path, limit: int = 3) -> list[str]:
 def run_generate(prompt: str, p: dict, echo: Callable) -> None:
     from .api import SlowBLASWarning, load
     from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
+    from .verify_kernel import KernelMissingWarning
 
     check_contradictions(p)
     options = options_from(p).validate()
@@ -106,7 +108,8 @@ def run_generate(prompt: str, p: dict, echo: Callable) -> None:
         )
     import warnings
 
-    warnings.simplefilter("ignore", SlowBLASWarning)  # the CLI says it its own way, below
+    warnings.simplefilter("ignore", SlowBLASWarning)  # the CLI says these its own way, in report()
+    warnings.simplefilter("ignore", KernelMissingWarning)
     speculator = load(
         model,
         draft_arg,
@@ -159,6 +162,8 @@ def report(stats, verbose: bool, echo: Callable) -> None:
             f"mlxspec: --truncate kept the last {stats.prompt_tokens} of {stats.prompt_truncated_from} prompt tokens",
             err=True,
         )
+    if stats.kernel.startswith("unavailable"):
+        echo(f"mlxspec: running without the verify kernel: {stats.kernel.removeprefix('unavailable: ')}", err=True)
     if stats.note:
         echo(f"mlxspec: {stats.note}", err=True)
         hint = fast_blas_hint()

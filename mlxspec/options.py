@@ -68,6 +68,7 @@ class DecodeOptions:
     corpus_fallback: bool = True  # lookup guesses one token from a stdlib bigram table where nothing matches
     kv_bits: int | None = None  # quantize both KV caches (4 or 8)
     draft_window: int | None = None  # cap the draft model's KV cache at this many tokens
+    kernel: str = "auto"  # the verify kernel (verify_kernel.py): auto (on where built for the device), on, off
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -137,4 +138,6 @@ class DecodeOptions:
             raise UserError(f"kv_bits {self.kv_bits!r} is not supported; use 4 or 8")
         if self.draft_window is not None and (not _is_int(self.draft_window) or self.draft_window < 1):
             raise UserError(f"draft_window {self.draft_window!r} must be a whole number of tokens >= 1")
+        if self.kernel not in ("auto", "on", "off"):
+            raise UserError(f"kernel {self.kernel!r} is not one of auto, on, off")
         return replace(self, stop=list(stop), num_draft=num_draft)

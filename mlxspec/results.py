@@ -19,6 +19,7 @@ class Stats:
     seed: int = 0  # the seed used (drawn at random when none was given), so any run can be repeated
     prompt_truncated_from: int = 0  # the prompt's length before --truncate cut it (0: not cut)
     note: str = ""  # why mlxspec decoded plainly instead of speculating, if it did
+    kernel: str = ""  # the verify kernel's backend ("cpu") and layers routed, or why it was not used
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
     peak_memory_bytes: int = 0

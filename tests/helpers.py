@@ -6,6 +6,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxspec import verify_kernel
 from mlxspec.drafters import make_drafter
 from mlxspec.engine import SpeculativeEngine
 from mlxspec.options import DecodeOptions
@@ -24,8 +25,11 @@ def speculative_tokens(
     engine_out=None,
     tree_topk=1,
     drafter=None,
+    kernel="auto",
 ):
-    """Generate with the engine. `draft` is a draft model (or None); `drafter` overrides it with any Drafter."""
+    """Generate with the engine. `draft` is a draft model (or None); `drafter` overrides it with any Drafter.
+
+    The target runs through the verify kernel where it is built (kernel='auto'), as mlxspec's API runs it."""
     if drafter is None and draft is not None:
         options = DecodeOptions(
             temperature=sampling.temperature,
@@ -40,10 +44,12 @@ def speculative_tokens(
     engine = SpeculativeEngine(
         target, drafter, sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits, max_nodes=num_draft * tree_topk
     )
-    engine.prefill(list(prompt))
+    backend, _ = verify_kernel.resolve(kernel)
     out: list[int] = []
-    while len(out) < max_tokens:
-        out += engine.step(max_tokens - len(out)).tokens
+    with verify_kernel.routed(target, backend):
+        engine.prefill(list(prompt))
+        while len(out) < max_tokens:
+            out += engine.step(max_tokens - len(out)).tokens
     if engine_out is not None:
         engine_out.append(engine)
     return out

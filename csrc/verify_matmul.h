@@ -1,0 +1,51 @@
+// The verification matmul: y = x @ W.T for 1..16 rows of x, reading each weight once for all rows.
+//
+// Row i of the result is computed by the same sequence of operations whatever the number of rows,
+// so a token's logits are bitwise the same when it is verified alone or with K drafted tokens.
+#pragma once
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mlxspec {
+
+using mlx::core::array;
+using mlx::core::StreamOrDevice;
+
+// x: [..., K] (float32/bfloat16/float16); w: [N, K] of x's dtype. Returns [..., N].
+array verify_matmul(const array& x, const array& w, StreamOrDevice s = {});
+
+// mlx-lm's affine quantization: w packed uint32 [N, K * bits / 32], scales and biases [N, K / group_size].
+array verify_qmatmul(
+    const array& x,
+    const array& w,
+    const array& scales,
+    const array& biases,
+    int group_size,
+    int bits,
+    StreamOrDevice s = {});
+
+// The number of threads the kernel splits the output columns over.
+int kernel_threads();
+
+class VerifyMatmul : public mlx::core::UnaryPrimitive {
+ public:
+  // bits == 0: dense weights; 4 or 8: affine-quantized with the given group size.
+  VerifyMatmul(mlx::core::Stream stream, int group_size, int bits)
+      : UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override;
+  void eval_gpu(const std::vector<array>& inputs, array& out) override;
+
+  const char* name() const override {
+    return "VerifyMatmul";
+  }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<array>& inputs) override;
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
+}  // namespace mlxspec

@@ -1,0 +1,185 @@
+"""The verify kernel (csrc/, mlxspec/verify_kernel.py): equal to MLX's matmuls, rows independent of the row count,
+and routed through a model's layers for one generation only."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from helpers import assert_greedy_equal, mlx_lm_greedy, speculative_tokens
+from mlx.utils import tree_flatten
+from tiny import make_tiny
+
+from mlxspec import verify_kernel
+from mlxspec.errors import UserError
+
+BACKEND, WHY = verify_kernel.cpu_backend()
+NO_COMPILER = shutil.which("c++") is None and shutil.which("g++") is None and shutil.which("clang++") is None
+if BACKEND is None and (NO_COMPILER or os.environ.get("MLXSPEC_NO_KERNEL")):
+    pytest.skip(f"the verify kernel was not built on this machine: {WHY}", allow_module_level=True)
+
+
+def test_the_kernel_is_built_where_a_compiler_is():
+    assert BACKEND is not None, f"a C++ compiler is installed but the verify kernel is unavailable: {WHY}"
+
+
+TOLERANCE = {mx.float32: 2e-5, mx.bfloat16: 2e-2, mx.float16: 2e-3}
+# (N, K): odd column counts (not a multiple of the 4-column tile) and K not a multiple of the 16-lane vector
+SHAPES = [(48, 64), (37, 50), (130, 300), (5, 7)]
+ROWS = [1, 2, 3, 4, 5, 8, 15, 16]
+
+
+def assert_close(got: mx.array, expected: mx.array, dtype) -> None:
+    got, expected = got.astype(mx.float32), expected.astype(mx.float32)
+    scale = max(1.0, mx.abs(expected).max().item())
+    assert mx.abs(got - expected).max().item() <= TOLERANCE[dtype] * scale
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+def test_dense_kernel_equals_matmul(dtype, shape):
+    n, k = shape
+    mx.random.seed(n * k)
+    w = mx.random.normal((n, k)).astype(dtype)
+    for m in ROWS:
+        x = mx.random.normal((m, k)).astype(dtype)
+        got = BACKEND.matmul(x, w)
+        assert got.dtype == dtype and got.shape == (m, n)
+        assert_close(got, x.astype(mx.float32) @ w.astype(mx.float32).T, dtype)
+
+
+def quantized(n: int, k: int, group_size: int, bits: int, scale_dtype):
+    w = mx.random.normal((n, k))
+    q, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
+    return q, scales.astype(scale_dtype), biases.astype(scale_dtype)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.bfloat16], ids=["f32", "bf16"])
+def test_quantized_kernel_equals_quantized_matmul(bits, group_size, scale_dtype):
+    mx.random.seed(bits * group_size)
+    n, k = 37, 384
+    q, scales, biases = quantized(n, k, group_size, bits, scale_dtype)
+    for m in ROWS:
+        x = mx.random.normal((m, k)).astype(scale_dtype)
+        got = BACKEND.qmatmul(x, q, scales, biases, group_size, bits)
+        expected = mx.quantized_matmul(x, q, scales, biases, transpose=True, group_size=group_size, bits=bits)
+        assert got.dtype == expected.dtype and got.shape == expected.shape == (m, n)
+        # against the float32 product of the same dequantized weights: MLX's own bf16 kernel rounds as it goes
+        f32 = [a.astype(mx.float32) for a in (scales, biases)]
+        exact = x.astype(mx.float32) @ mx.dequantize(q, *f32, group_size=group_size, bits=bits).T
+        assert_close(got, exact, scale_dtype)
+        if scale_dtype == mx.float32:
+            assert_close(got, expected, mx.float32)
+
+
+def kernel_calls():
+    """One call per weight format: dense f32/bf16 and 4-/8-bit, on a matrix big enough to split over threads."""
+    mx.random.seed(7)
+    n, k = 300, 512  # 600 KB of float32: past the single-thread cutoff, so the threaded split is covered too
+    w = mx.random.normal((n, k))
+    calls = {
+        "f32": (mx.float32, lambda x: BACKEND.matmul(x, w)),
+        "bf16": (mx.bfloat16, lambda x: BACKEND.matmul(x, w.astype(mx.bfloat16))),
+    }
+    for bits in (4, 8):
+        q, s, b = mx.quantize(w, group_size=64, bits=bits)
+        calls[f"q{bits}"] = (mx.float32, lambda x, q=q, s=s, b=b, bits=bits: BACKEND.qmatmul(x, q, s, b, 64, bits))
+    return k, calls
+
+
+def test_each_row_is_bitwise_the_row_computed_alone():
+    """Row i of an M-row call equals a 1-row call bit for bit, for M = 1..16 and every weight format."""
+    k, calls = kernel_calls()
+    for name, (dtype, call) in calls.items():
+        x = mx.random.normal((16, k)).astype(dtype)
+        alone = mx.concatenate([call(x[i : i + 1]) for i in range(16)])
+        for m in range(1, 17):
+            together = call(x[:m][None])[0]  # a [1, M, K] input, as a model's layers see it
+            assert mx.array_equal(together, alone[:m]).item(), f"{name}: rows of an {m}-row call differ"
+
+
+def test_the_threaded_split_matches_matmul():
+    mx.random.seed(3)
+    x, w = mx.random.normal((3, 512)), mx.random.normal((300, 512))  # 600 KB: split over the kernel's threads
+    assert_close(BACKEND.matmul(x, w), x @ w.T, mx.float32)
+
+
+def test_bad_operands_are_refused_by_the_kernel():
+    with pytest.raises(ValueError, match="share one float dtype"):
+        BACKEND.matmul(mx.ones((2, 4)), mx.ones((3, 4), mx.bfloat16))
+    with pytest.raises(ValueError, match="x \\[..., K\\]"):
+        BACKEND.matmul(mx.ones((2, 5)), mx.ones((3, 4)))
+    q, s, b = mx.quantize(mx.ones((8, 64)), group_size=64, bits=4)
+    with pytest.raises(ValueError, match="4 and 8 bits"):
+        BACKEND.qmatmul(mx.ones((1, 64)), q, s, b, 64, 3)
+
+
+# ---- routing a model's layers ----
+
+
+def layer_types(model: nn.Module) -> list[type]:
+    return [type(m) for _, m in model.named_modules()]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])  # untied LM head; tied embedding as the LM head
+def test_routing_swaps_layers_for_one_block_and_keeps_the_logits(family):
+    model = make_tiny(family, seed=1, vocab_size=32)
+    tokens = mx.array([[1, 5, 9, 3, 7]])
+    before_types, before_logits = layer_types(model), model(tokens)
+    weights = {id(v) for _, v in tree_flatten(model.parameters())}
+    with verify_kernel.routed(model, BACKEND) as count:
+        inside = layer_types(model)
+        assert count == sum(t in (verify_kernel.VerifyLinear, verify_kernel.VerifyEmbedding) for t in inside) > 0
+        assert_close(model(tokens), before_logits, mx.float32)
+    assert layer_types(model) == before_types  # put back on exit
+    assert {id(v) for _, v in tree_flatten(model.parameters())} == weights  # shared, never copied
+
+
+def test_routing_a_quantized_model_calls_the_quantized_kernel():
+    model = make_tiny("llama", seed=2, vocab_size=32, hidden_size=64, intermediate_size=128)
+    nn.quantize(model, group_size=32, bits=4)
+    tokens = mx.array([[1, 5, 9]])
+    expected = model(tokens)
+    with verify_kernel.routed(model, BACKEND):
+        assert any(isinstance(m, verify_kernel.VerifyQuantizedLinear) for _, m in model.named_modules())
+        assert_close(model(tokens), expected, mx.float32)
+
+
+def test_more_rows_than_the_kernel_takes_use_mlx_matmul_unchanged():
+    layer = nn.Linear(24, 10)
+    x = mx.random.normal((1, verify_kernel.MAX_ROWS + 1, 24))
+    routed = verify_kernel.route_layer(layer, BACKEND)
+    assert isinstance(routed, verify_kernel.VerifyLinear)
+    assert mx.array_equal(routed(x), layer(x)).item()
+
+
+def test_kernel_choice_is_resolved_by_device_and_name():
+    backend, status = verify_kernel.resolve("off")
+    assert backend is None and status.startswith("off")
+    backend, status = verify_kernel.resolve("on")
+    assert backend is BACKEND and status == ""
+    with pytest.raises(UserError, match="not one of auto, on, off"):
+        verify_kernel.resolve("fast")
+
+
+# ---- the engine with the kernel on ----
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_greedy_speculation_through_the_kernel_equals_plain_decoding_through_it(family):
+    """Both sides through the kernel: rows never depend on how many were verified together, so the tokens match
+    (and match mlx-lm's own decoding up to near-ties of its different matmul)."""
+    target = make_tiny(family, seed=0, vocab_size=32)
+    draft = make_tiny(family, seed=3, vocab_size=32)
+    prompt = [1, 2, 3, 4]
+    plain = speculative_tokens(target, None, prompt, 24, kernel="on")
+    engines = []
+    speculative = speculative_tokens(target, draft, prompt, 24, num_draft=4, kernel="on", engine_out=engines)
+    assert speculative == plain
+    assert engines[0].target_calls < 24  # drafts were accepted: fewer target forwards than tokens
+    assert_greedy_equal(target, prompt, plain, mlx_lm_greedy(target, prompt, 24))
