@@ -3,7 +3,9 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
+#include "sampling_ops.h"
 #include "verify_matmul.h"
 
 namespace nb = nanobind;
@@ -14,7 +16,7 @@ using namespace nb::literals;
 #endif
 
 NB_MODULE(_verify_kernel, m) {
-  m.doc() = "mlxspec's verification matmul: 1..16 rows of x against weights read once.";
+  m.doc() = "mlxspec's verify kernel: 1..16-row matmuls reading weights once, and sampling row ops.";
   m.attr("built_with_mlx") = MLXSPEC_BUILT_WITH_MLX;
 
   m.def("verify_matmul", &mlxspec::verify_matmul, "x"_a, "w"_a, nb::kw_only(), "stream"_a = nb::none(),
@@ -22,5 +24,9 @@ NB_MODULE(_verify_kernel, m) {
   m.def("verify_qmatmul", &mlxspec::verify_qmatmul, "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
         nb::kw_only(), "stream"_a = nb::none(),
         "x @ dequantize(w).T for mlx-lm's affine 4- and 8-bit weights (transpose=True layout).");
+  m.def("row_logsumexp", &mlxspec::row_logsumexp, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "log(sum(exp(x))) of each float32 row [N, V] -> [N].");
+  m.def("top_candidates", &mlxspec::top_candidates, "x"_a, "count"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "(values [N, C], indices [N, C] uint32): each row's C largest, best first, ties by lower index.");
   m.def("threads", &mlxspec::kernel_threads, "Threads the kernel splits its columns over.");
 }

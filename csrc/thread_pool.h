@@ -91,4 +91,7 @@ class ForkJoinPool {
   bool stopping_ = false;
 };
 
+// The one pool every kernel of the extension shares (MLXSPEC_KERNEL_THREADS or one per hardware thread).
+ForkJoinPool& kernel_pool();
+
 }  // namespace mlxspec

@@ -211,11 +211,6 @@ struct Affine {
   }
 };
 
-ForkJoinPool& pool() {
-  static ForkJoinPool instance(kernel_threads());
-  return instance;
-}
-
 thread_local std::vector<float> tls_scratch;
 
 // y[m][n] (float) = x_padded[m][kp] @ weights.T over the columns [col_begin, col_end).
@@ -248,14 +243,14 @@ void multiply_columns(
 
 template <typename Weights>
 void multiply(const Weights& weights, const float* xp, int64_t m, int64_t kp, int64_t n, int64_t weight_bytes, float* y) {
-  const int parts = weight_bytes < kParallelBytes ? 1 : pool().threads();
+  const int parts = weight_bytes < kParallelBytes ? 1 : kernel_pool().threads();
   if (parts == 1) {
     multiply_columns(weights, xp, m, kp, n, 0, n, y);
     return;
   }
   // Column ranges depend on N only (a multiple of kColBlock each), never on M.
   const int64_t per_part = (n + parts * kColBlock - 1) / (parts * kColBlock) * kColBlock;
-  pool().run([&](int part) {
+  kernel_pool().run([&](int part) {
     const int64_t begin = std::min<int64_t>(n, part * per_part);
     const int64_t end = std::min<int64_t>(n, begin + per_part);
     if (begin < end) multiply_columns(weights, xp, m, kp, n, begin, end, y);
@@ -360,6 +355,11 @@ Shape output_shape(const array& x, int64_t n) {
 }
 
 }  // namespace
+
+ForkJoinPool& kernel_pool() {
+  static ForkJoinPool instance(kernel_threads());
+  return instance;
+}
 
 int kernel_threads() {
   if (const char* env = std::getenv("MLXSPEC_KERNEL_THREADS")) {

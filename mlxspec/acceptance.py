@@ -48,10 +48,10 @@ def _accept_chain(draft_tokens, draft_probs, target_probs, key, greedy):
     u = mx.random.uniform(shape=(num_draft,), key=accept_key)
     accepted = u * q_x < p_x  # u < p/q without dividing; q_x > 0 because x was sampled from q
     num_accepted = mx.cumprod(accepted.astype(mx.int32)).sum().astype(mx.int32)
-    candidates = mx.concatenate(
-        [residual_distribution(target_probs[:num_draft], draft_probs), target_probs[num_draft:]], axis=0
-    )
-    chosen = mx.take(candidates, num_accepted, axis=0)
+    # Only the row where drafting stopped is needed: the residual there, or the bonus row when all were accepted.
+    p_row = mx.take(target_probs, num_accepted, axis=0)
+    q_row = mx.take(draft_probs, mx.minimum(num_accepted, num_draft - 1), axis=0)
+    chosen = mx.where(num_accepted == num_draft, p_row, residual_distribution(p_row[None], q_row[None])[0])
     return num_accepted, sample(chosen, sample_key, greedy)
 
 

@@ -254,20 +254,23 @@ def profile_split(
     speculator: Speculator, prompts: list[list[int]], max_tokens: int, num_draft: int, temperature: float
 ) -> dict[str, float]:
     """Seconds per step spent drafting, verifying, accepting and on bookkeeping (profiling adds syncs)."""
+    from . import verify_kernel
     from .drafters import make_drafter
     from .engine import SpeculativeEngine
     from .options import DecodeOptions
 
-    options = DecodeOptions(temperature=temperature, num_draft=num_draft)
+    options = DecodeOptions(temperature=temperature, num_draft=num_draft, kernel=speculator.options.kernel)
     totals: dict[str, float] = {}
     steps = 0
+    backend, _ = verify_kernel.resolve(options.kernel)
     for prompt in prompts:
         drafter = make_drafter(options, draft_model=speculator.draft.model)
         engine = SpeculativeEngine(speculator.target.model, drafter, options.sampling, num_draft=num_draft)
-        engine.prefill(prompt)
-        engine.profile = totals
-        produced = 0
-        while produced < max_tokens:
-            produced += len(engine.step(max_tokens - produced).tokens)
-            steps += 1
+        with verify_kernel.routed(speculator.target.model, backend):  # as generation runs it
+            engine.prefill(prompt)
+            engine.profile = totals
+            produced = 0
+            while produced < max_tokens:
+                produced += len(engine.step(max_tokens - produced).tokens)
+                steps += 1
     return {phase: seconds / steps for phase, seconds in totals.items()}

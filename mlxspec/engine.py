@@ -9,9 +9,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .acceptance import accept_chain, accept_deterministic_chain
-from .caches import make_speculative_cache, rollback
+from .caches import make_speculative_cache, rollback, rollback_blocker
 from .drafters import Draft, Drafter
-from .sampling import SamplingConfig, sample, to_probs
+from .sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
 from .target_features import forward_with_hidden
 from .tree_attention import keep_tree_path, tree_verification
 from .trees import accept_tree_samples
@@ -68,6 +68,11 @@ class SpeculativeEngine:
         # Plain decoding never rolls back, so it runs on any cache, recurrent ones included.
         rollback_room = max(self.num_draft, max_nodes or 0, drafter.max_nodes) + 1 if drafter is not None else 0
         self.cache = make_speculative_cache(target, max_rollback=rollback_room, kv_bits=kv_bits)
+        # Plain steps queue their next forward before the sync; a step whose sampled token must be redrawn
+        # (a `short` top-p row, see sampling.to_probs_checked) then rolls that forward back, which recurrent
+        # caches cannot do: there plain steps rank the whole vocabulary instead.
+        self.rollback_ok = rollback_blocker(target) is None
+        self.sorted_fallbacks = 0  # steps redone with the whole vocabulary ranked (a top-p set past the candidates)
         self.key = mx.random.key(seed)
         self.pending: list[int] = []
         # Tokens the target cache holds. Kept here, not read off the cache: recurrent layers (ArraysCache) have no
@@ -169,25 +174,38 @@ class SpeculativeEngine:
             self.first_token_mask = None
         return logits
 
-    def _target_samples(self, logits: mx.array, key: mx.array | None) -> mx.array:
-        """[N] one draw per row from the processed target distribution; the argmax when greedy."""
+    def _target_samples(
+        self, logits: mx.array, key: mx.array | None, ranked: bool = False
+    ) -> tuple[mx.array, mx.array]:
+        """([N] one draw per row from the processed target distribution, the argmax when greedy; [] bool: some row
+        ranked too few candidates and must be redrawn with ranked=True, the whole vocabulary ranked, same key)."""
         if self.sampling.greedy:
-            return mx.argmax(logits, axis=-1).astype(mx.int32)
-        return sample(to_probs(logits, self.sampling), key, False)
+            return mx.argmax(logits, axis=-1).astype(mx.int32), mx.array(False)
+        if ranked:
+            return sample(to_probs_sorted(logits, self.sampling), key, False), mx.array(False)
+        probs, short = to_probs_checked(logits, self.sampling)
+        return sample(probs, key, False), short.any()
 
     def _plain_step(self, key: mx.array | None, max_new_tokens: int) -> StepResult:
         """One token with no draft. When the next step will be plain too, its forward is queued on this step's
         lazy token before the sync, so graph building overlaps computing (as mlx-lm's generate_step does)."""
         logits = self._prefetched if self._prefetched is not None else self._target_logits(None)
-        token = self._target_samples(logits[-1:], key)
-        self._mark("verify", token)
+        self._mark("verify", logits)
+        token, short = self._target_samples(logits[-1:], key, ranked=not self.rollback_ok)
+        self._mark("target probs", token)
         self._prefetched = None
         free = None if self.context_length is None else self.context_length - self.position
         if self._decodes_plainly() and max_new_tokens > 1 and (free is None or free > 0):
             self._prefetched = self.target(token[None], cache=self.cache)[0]
             self.position += 1
             mx.async_eval(self._prefetched)
-        value = to_host(token)[0]
+        value, redraw = to_host(mx.concatenate([token, short[None].astype(mx.int32)]))
+        if redraw:  # rare: the token came from too few ranked candidates; the queued forward fed it, so undo that
+            self.sorted_fallbacks += 1
+            if self._prefetched is not None:
+                self._prefetched = None
+                self._roll_back(1)
+            value = to_host(self._target_samples(logits[-1:], key, ranked=True)[0])[0]
         self._mark("accept")
         self.pending = [] if self._prefetched is not None else [value]
         return StepResult([value], 0, 0, [], -1)
@@ -204,18 +222,39 @@ class SpeculativeEngine:
 
     def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
         num_draft = draft.tokens.shape[0]
-        target_probs = to_probs(self._target_logits(draft), self.sampling)
-        self._mark("verify", target_probs)
-        vocab = max(target_probs.shape[-1], draft.probs.shape[-1])
-        num_accepted, next_token = accept_chain(
-            draft.tokens, pad_vocab(draft.probs, vocab), pad_vocab(target_probs, vocab), key, self.sampling.greedy
-        )
-        values = to_host(mx.concatenate([num_accepted[None], next_token[None], draft.tokens]))
-        num_accepted, next_token, proposed = values[0], values[1], values[2:]
+        logits = self._target_logits(draft)
+        self._mark("verify", logits)
+        target_probs, short = to_probs_checked(logits, self.sampling)
+        self._mark("target probs", target_probs)
+        accepted = self._accept_chain(draft, target_probs, key)
+        values = to_host(mx.concatenate([*accepted, short.any()[None].astype(mx.int32), draft.tokens]))
+        if values[2]:  # rare: a target row's top-p set reached past its ranked candidates; redo, same key
+            self.sorted_fallbacks += 1
+            values[:2] = to_host(mx.concatenate(self._accept_chain(draft, to_probs_sorted(logits, self.sampling), key)))
+        num_accepted, next_token, proposed = values[0], values[1], values[3:]
         self._mark("accept")
         self._roll_back(num_draft - num_accepted)
         self.pending = [next_token]
         return StepResult(proposed[:num_accepted] + [next_token], num_draft, num_accepted, proposed, num_accepted)
+
+    def _accept_chain(self, draft: Draft, target_probs: mx.array, key: mx.array) -> list[mx.array]:
+        """[num_accepted [1], next_token [1]] by Leviathan/Chen rejection sampling (acceptance.accept_chain)."""
+        vocab = max(target_probs.shape[-1], draft.probs.shape[-1])
+        num_accepted, next_token = accept_chain(
+            draft.tokens, pad_vocab(draft.probs, vocab), pad_vocab(target_probs, vocab), key, self.sampling.greedy
+        )
+        return [num_accepted[None], next_token[None]]
+
+    def _accept_samples(self, draft: Draft, samples: mx.array) -> list[mx.array]:
+        """[deepest accepted node [1], next token [1]] from one target draw per node."""
+        shape = draft.tree
+        if shape.is_chain:
+            deepest, next_token = accept_deterministic_chain(draft.tokens, samples)
+        else:
+            node_tokens = mx.concatenate([mx.array(self.pending, dtype=mx.int32), draft.tokens])
+            parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
+            deepest, next_token = accept_tree_samples(node_tokens, parents, samples, shape.max_depth)
+        return [deepest[None], next_token[None]]
 
     def _verify_deterministic(self, draft: Draft, key: mx.array | None) -> StepResult:
         """A deterministic chain or tree (greedy drafts, prompt lookup, top-k trees, Medusa), verified node by node.
@@ -227,16 +266,17 @@ class SpeculativeEngine:
         else:
             with tree_verification(self.target, self.cache, shape, prefix):
                 logits = self._target_logits(draft)
-        samples = self._target_samples(logits, key)
-        self._mark("verify", samples)
-        if shape.is_chain:
-            deepest, next_token = accept_deterministic_chain(draft.tokens, samples)
-        else:
-            node_tokens = mx.concatenate([mx.array(self.pending, dtype=mx.int32), draft.tokens])
-            parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
-            deepest, next_token = accept_tree_samples(node_tokens, parents, samples, shape.max_depth)
-        values = to_host(mx.concatenate([deepest[None], next_token[None], draft.tokens]))
-        deepest, next_token, proposed = values[0], values[1], values[2:]
+        self._mark("verify", logits)
+        samples, short = self._target_samples(logits, key)
+        self._mark("target probs", samples)
+        values = to_host(
+            mx.concatenate([*self._accept_samples(draft, samples), short[None].astype(mx.int32), draft.tokens])
+        )
+        if values[2]:  # rare: some row ranked too few candidates; redraw every row from the whole vocabulary, same key
+            self.sorted_fallbacks += 1
+            samples = self._target_samples(logits, key, ranked=True)[0]
+            values[:2] = to_host(mx.concatenate(self._accept_samples(draft, samples)))
+        deepest, next_token, proposed = values[0], values[1], values[3:]
         self._mark("accept")
         path = shape.path_to(deepest)
         if shape.is_chain:

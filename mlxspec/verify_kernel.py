@@ -54,6 +54,15 @@ class CPUExtension:
     def qmatmul(self, x, w, scales, biases, group_size: int, bits: int) -> mx.array:
         return self.module.verify_qmatmul(x, w, scales, biases, group_size, bits, stream=mx.cpu)
 
+    def logsumexp(self, x: mx.array) -> mx.array:
+        """[N, V] float32 -> [N, 1]."""
+        return self.module.row_logsumexp(x, stream=mx.cpu)[:, None]
+
+    def top_candidates(self, x: mx.array, count: int) -> tuple[mx.array, mx.array]:
+        """[N, V] float32 -> (values [N, C] best first, indices [N, C] int32), ties by lower index."""
+        values, indices = self.module.top_candidates(x, count, stream=mx.cpu)
+        return values, indices.astype(mx.int32)
+
 
 @functools.lru_cache(maxsize=1)
 def cpu_backend() -> tuple[CPUExtension | None, str]:
@@ -90,6 +99,11 @@ def resolve(choice: str) -> tuple[VerifyBackend | None, str]:
     if backend is None and choice == "on":
         raise UserError(f"--kernel on: the verify kernel is unavailable: {why}; use --kernel auto or off")
     return backend, "" if backend is not None else f"unavailable: {why}"
+
+
+def row_ops():
+    """The kernel's sampling row ops (logsumexp, top_candidates) where they run on the default device, else None."""
+    return cpu_backend()[0] if mx.default_device() == mx.cpu else None
 
 
 class KernelMissingWarning(RuntimeWarning):

@@ -180,5 +180,5 @@ def test_bench_compares_every_mode_on_a_fresh_install(tiny_dirs, tmp_path):
             assert row["tokens_per_second"] > 0 and 0 <= row["acceptance_rate"] <= 1
             assert row["tokens_per_target_call"] >= 1 and len(row["runs"]) == 2 * 2  # passes x prompts
             assert all(run["tokens"] == 6 for run in row["runs"])  # EOS ignored: every run makes max-tokens
-        assert set(results[f"profile {temp}"]) == {"draft", "verify", "accept", "bookkeeping"}
+        assert set(results[f"profile {temp}"]) == {"draft", "verify", "target probs", "accept", "bookkeeping"}
         assert f"## temperature {float(temp)}" in proc.stdout

@@ -1,0 +1,131 @@
+"""Time sampled verification at real vocabulary sizes (issue 11, part 4).
+
+Part 1, per vocabulary (32k, 128k, 152k, 262k), K=4, T=0.7, top-p 0.9, Zipf-shaped random logits:
+  target to_probs over K+1 rows, the draft's to_probs over K single rows (one per draft step), accept_chain, and the
+  same with the whole vocabulary sorted per row (mlx-lm's filters: the path before candidate ranking).
+Part 2 (--model): the per-step time split of sampled speculative decoding on a Qwen2.5-0.5B-shaped random target
+  with a 2-layer draft of the same shape (float32).
+
+    python scripts/bench_sampling.py [--model] [--kernel auto|off]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import mlx.core as mx
+
+from mlxspec import verify_kernel
+from mlxspec.acceptance import accept_chain
+from mlxspec.sampling import SamplingConfig, sample, to_probs, to_probs_checked, to_probs_sorted
+
+VOCABS = (32000, 128256, 151936, 262144)
+K = 4
+CONFIG = SamplingConfig(0.7, top_p=0.9)
+QWEN_05B = {
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "intermediate_size": 4864,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+}
+
+
+def zipf_logits(rows: int, vocab: int, seed: int) -> mx.array:
+    """Rows shaped like a trained model's: log-probabilities falling as -1.1 log(rank), shuffled, with noise."""
+    mx.random.seed(seed)
+    base = -1.1 * mx.log(mx.arange(1, vocab + 1).astype(mx.float32))
+    return mx.stack([(base + 0.3 * mx.random.normal((vocab,)))[mx.random.permutation(vocab)] * 8 for _ in range(rows)])
+
+
+def median_ms(fn, repeats: int = 9) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def part_times(vocab: int) -> dict[str, float]:
+    target, draft = zipf_logits(K + 1, vocab, 0), zipf_logits(K, vocab, 1)
+    key = mx.random.key(0)
+    q = to_probs(draft, CONFIG)
+    tokens = sample(q, key, False)
+    mx.eval(target, draft, q, tokens)
+
+    def accept(p):
+        mx.eval(*accept_chain(tokens, q, p, key))
+
+    p_fast, p_sorted = to_probs_checked(target, CONFIG)[0], to_probs_sorted(target, CONFIG)
+    mx.eval(p_fast, p_sorted)
+    parts = {
+        "target probs": median_ms(lambda: mx.eval(to_probs_checked(target, CONFIG))),
+        "draft probs x4": median_ms(lambda: [mx.eval(to_probs(draft[i : i + 1], CONFIG)) for i in range(K)]),
+        "accept": median_ms(lambda: accept(p_fast)),
+    }
+    parts["total"] = sum(parts.values())
+    sorted_parts = [
+        median_ms(lambda: mx.eval(to_probs_sorted(target, CONFIG))),
+        median_ms(lambda: [mx.eval(to_probs_sorted(draft[i : i + 1], CONFIG)) for i in range(K)]),
+    ]
+    parts["total, whole vocabulary sorted"] = sum(sorted_parts) + parts["accept"]
+    return parts
+
+
+def model_split(steps: int = 12) -> dict[str, float]:
+    from mlx_lm.utils import _get_classes
+
+    from mlxspec.drafters import make_drafter
+    from mlxspec.engine import SpeculativeEngine
+    from mlxspec.options import DecodeOptions
+
+    def build(config: dict, seed: int):
+        model_class, args_class = _get_classes(config)
+        mx.random.seed(seed)
+        model = model_class(args_class.from_dict(config))
+        model.set_dtype(mx.float32)
+        mx.eval(model.parameters())
+        return model
+
+    target = build(QWEN_05B, 0)
+    draft = build({**QWEN_05B, "num_hidden_layers": 2}, 1)
+    options = DecodeOptions(temperature=CONFIG.temperature, top_p=CONFIG.top_p, num_draft=K)
+    engine = SpeculativeEngine(target, make_drafter(options, draft_model=draft), CONFIG, num_draft=K)
+    backend, _ = verify_kernel.resolve(options.kernel)
+    with verify_kernel.routed(target, backend):
+        engine.prefill(list(range(1, 65)))
+        engine.step(K + 1)  # warm up
+        totals: dict[str, float] = {}
+        engine.profile = totals
+        for _ in range(steps):
+            engine.step(K + 1)
+    return {phase: 1e3 * seconds / steps for phase, seconds in totals.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="store_true", help="also time a Qwen2.5-0.5B-shaped random target's step")
+    args = parser.parse_args()
+    ops = "kernel row ops" if verify_kernel.row_ops() is not None else "MLX ops (no kernel)"
+    print(f"# K={K}, T={CONFIG.temperature}, top-p {CONFIG.top_p}; {ops}; median ms of 9")
+    for vocab in VOCABS:
+        parts = part_times(vocab)
+        print(f"vocab {vocab:7d}: " + ", ".join(f"{name} {ms:.1f}" for name, ms in parts.items()))
+    if args.model:
+        split = model_split()
+        print("# Qwen2.5-0.5B-shaped random target (float32), 2-layer draft; ms per step (profiling adds syncs):")
+        print(", ".join(f"{name} {ms:.1f}" for name, ms in split.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Sampling at real vocabularies: top-p/top-k on ranked candidates instead of a full sort, the row ops the kernel
+provides, the inverse-CDF sampler, and the engine's redo of a row whose top-p set reaches past its candidates."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import speculative_tokens
+from stats import ALPHA, chi_square_pvalue
+from tiny import make_tiny
+
+from mlxspec import sampling, verify_kernel
+from mlxspec.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
+
+CONFIGS = {
+    "top-p": SamplingConfig(0.7, top_p=0.9),
+    "top-k": SamplingConfig(1.0, top_k=40),
+    "top-p+min-p+top-k": SamplingConfig(0.8, top_p=0.95, min_p=0.02, top_k=300),
+    "min-p": SamplingConfig(0.7, min_p=0.05),
+    "temperature": SamplingConfig(0.7),
+}
+
+
+def peaked_logits(rows: int, vocab: int, seed: int) -> mx.array:
+    """Trained-model-like rows: log-probabilities falling as -1.2 log(rank), shuffled."""
+    mx.random.seed(seed)
+    base = -1.2 * mx.log(mx.arange(1, vocab + 1).astype(mx.float32)) * 6
+    return mx.stack([base[mx.random.permutation(vocab)] for _ in range(rows)])
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_ranked_candidates_give_the_sorted_distribution(name):
+    """Where no row is flagged short, the candidate path equals mlx-lm's filters over the whole sorted vocabulary."""
+    config = CONFIGS[name]
+    logits = peaked_logits(3, 5000, seed=1)
+    probs, short = to_probs_checked(logits, config)
+    assert not short.any().item()
+    expected = to_probs_sorted(logits, config)
+    assert mx.allclose(probs, expected, atol=1e-6).item()
+    assert mx.array_equal(probs > 0, expected > 0).item()  # the same tokens survive the filters
+
+
+def test_a_flat_row_is_flagged_short_and_a_peaked_one_is_not():
+    flat = mx.zeros((1, 5000))  # top-p 0.9 keeps 4500 tokens: far past the 1024 candidates
+    peaked = peaked_logits(1, 5000, seed=2)
+    _, short = to_probs_checked(mx.concatenate([flat, peaked]), SamplingConfig(0.7, top_p=0.9))
+    assert short.tolist() == [True, False]
+    # top-k keeps only ranked tokens, so even a flat row is exact
+    assert not to_probs_checked(flat, SamplingConfig(0.7, top_k=10))[1].any().item()
+
+
+def test_candidate_ranking_without_the_kernel_matches_the_kernel(monkeypatch):
+    logits = peaked_logits(2, 3000, seed=3)
+    with_kernel = sampling.top_candidates(logits, 256)
+    monkeypatch.setattr(verify_kernel, "row_ops", lambda: None)
+    without = sampling.top_candidates(logits, 256)
+    assert mx.array_equal(with_kernel[0], without[0]).item()
+    for config in CONFIGS.values():
+        assert mx.allclose(to_probs_checked(logits, config)[0], to_probs_sorted(logits, config), atol=1e-6).item()
+
+
+@pytest.mark.skipif(verify_kernel.row_ops() is None, reason="the verify kernel is not built here")
+def test_kernel_row_ops_equal_their_definitions():
+    ops = verify_kernel.row_ops()
+    x = mx.random.normal((3, 20000)) * 4
+    exact = np.log(np.exp(np.array(x, dtype=np.float64)).sum(-1))
+    assert np.abs(np.array(ops.logsumexp(x))[:, 0] - exact).max() < 1e-4
+    values, indices = ops.top_candidates(x, 500)
+    assert mx.array_equal(values, mx.sort(x, axis=-1)[:, ::-1][:, :500]).item()
+    assert mx.array_equal(mx.take_along_axis(x, indices, axis=-1), values).item()
+    ties = ops.top_candidates(mx.array([[1.0, 3.0, 3.0, 2.0, 3.0]]), 3)
+    assert ties[1].tolist() == [[1, 2, 4]]  # ties by lower index
+
+
+def test_inverse_cdf_sampler_follows_the_distribution_and_never_draws_zero_mass():
+    """20,000 draws from one row (one call, independent uniforms per row); chi-square false alarm 1e-3."""
+    probs = mx.array([0.0, 0.3, 0.0, 0.05, 0.15, 0.0, 0.25, 0.001, 0.249, 0.0])
+    draws = np.array(sample(mx.broadcast_to(probs, (20000, 10)), mx.random.key(4), False))
+    counts = np.bincount(draws, minlength=10)
+    assert counts[np.array(probs) == 0].sum() == 0
+    assert chi_square_pvalue(counts, np.array(probs)) > ALPHA
+
+
+def test_plain_decoding_redoes_short_rows_with_the_whole_vocabulary(monkeypatch):
+    """With 16 candidates of a 64-token vocabulary and near-flat rows, top-p sets often reach past the candidates.
+    Those steps are redrawn with the same key, so every token equals a run that always ranks the whole vocabulary."""
+    target = make_tiny("llama", seed=0, vocab_size=64, logit_scale=0.6)
+    config = SamplingConfig(1.0, top_p=0.9)
+    monkeypatch.setattr(sampling, "CANDIDATES", 16)
+    for seed in range(3):
+        engines = []
+        fast = speculative_tokens(target, None, [1, 2, 3], 20, sampling=config, seed=seed, engine_out=engines)
+        assert engines[0].sorted_fallbacks > 0
+        with monkeypatch.context() as m:
+            m.setattr(sampling, "CANDIDATES", 64)  # every row ranks the whole vocabulary: never short
+            assert fast == speculative_tokens(target, None, [1, 2, 3], 20, sampling=config, seed=seed)
+
+
+def test_speculation_with_short_rows_samples_the_target_distribution(monkeypatch):
+    """First tokens of 1,000 seeded K=2 runs where target and draft rows are often short (16 candidates of 64):
+    chi-square against the target's law over the whole sorted vocabulary, false alarm 1e-3."""
+    target = make_tiny("llama", seed=0, vocab_size=64, logit_scale=0.6)
+    draft = make_tiny("llama", seed=4, vocab_size=64, logit_scale=0.6)
+    config = SamplingConfig(1.0, top_p=0.9)
+    prompt = [1, 2, 3]
+    monkeypatch.setattr(sampling, "CANDIDATES", 16)
+    counts, fallbacks = np.zeros(64), 0
+    for seed in range(1000):
+        engines = []
+        counts[speculative_tokens(target, draft, prompt, 3, 2, config, seed=seed, engine_out=engines)[0]] += 1
+        fallbacks += engines[0].sorted_fallbacks
+    assert fallbacks > 50  # the redo path really ran
+    law = np.array(to_probs_sorted(target(mx.array(prompt)[None])[0, -1], config))
+    assert chi_square_pvalue(counts, law) > ALPHA
