@@ -183,6 +183,7 @@ class Speculator:
         while finish is None:
             step = engine.step(options.max_tokens - stats.generated_tokens)
             stats.target_calls = engine.target_calls
+            stats.sorted_fallbacks = engine.sorted_fallbacks
             stats.drafted += step.drafted
             stats.accepted += step.accepted
             stats.tree_nodes = max(stats.tree_nodes, step.drafted + 1 if options.tree_topk > 1 else 0)

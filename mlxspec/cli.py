@@ -81,6 +81,7 @@ def format_stats(stats) -> str:
         f"alpha={stats.acceptance_rate:.2f} tau={stats.tokens_per_target_call:.2f} "
         f"gen={stats.tokens_per_second:.1f} tok/s prompt={stats.prompt_tokens_per_second:.1f} tok/s "
         f"tokens={stats.generated_tokens} target_calls={stats.target_calls} {tree}"
+        f"kernel={stats.kernel.split(' ')[0].rstrip(':') or 'off'} "
         f"peak={stats.peak_memory_bytes / 2**20:.1f} MiB"
     )
 

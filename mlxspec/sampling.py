@@ -42,6 +42,7 @@ class SamplingConfig:
 # Tokens ranked per row for top-p/top-k. At 128k-262k vocabularies a full sort per row costs more than a small
 # target's forward; the filters only ever keep the best few hundred tokens of a trained model.
 CANDIDATES = 1024
+INVERSE_CDF_MIN_VOCAB = 32768  # sample() by inverse CDF at and above this many tokens (CPU)
 
 
 def to_probs(logits: mx.array, config: SamplingConfig) -> mx.array:
@@ -62,6 +63,8 @@ def to_probs_checked(logits: mx.array, config: SamplingConfig) -> tuple[mx.array
         return (mx.arange(vocab) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32), not_short
     ranks = 0 < config.top_p < 1 or 0 < config.top_k < vocab
     count = min(vocab, max(CANDIDATES, config.top_k))
+    if not ranks and config.min_p == 0.0:  # temperature alone: no normalization needed before the softmax
+        return mx.softmax(logits * (1.0 / config.temperature), axis=-1), not_short
     if not ranks or count == vocab:
         return to_probs_sorted(logits, config), not_short
     rows = logits.reshape(-1, vocab)
@@ -130,11 +133,12 @@ def row_logsumexp(rows: mx.array) -> mx.array:
 def sample(probs: mx.array, key: mx.array, greedy: bool) -> mx.array:
     """One token per row of probs [..., V] -> [...] int32. Greedy rows are one-hot, so argmax is exact.
 
-    On the CPU by inverse CDF in float64 with a 48-bit uniform (one cumulative sum: ~0.5 ms for 152k tokens, where
-    Gumbel-max costs ~5 ms of MLX's CPU log and random ops); elsewhere (no float64 on Apple GPUs) by Gumbel-max."""
+    On the CPU at real vocabularies by inverse CDF in float64 with a 48-bit uniform (one cumulative sum: ~0.5 ms for
+    152k tokens, where Gumbel-max costs ~5 ms of MLX's CPU log and random ops); below INVERSE_CDF_MIN_VOCAB tokens
+    (fewer ops for dispatch-bound models) and elsewhere (no float64 on Apple GPUs) by Gumbel-max."""
     if greedy:
         return mx.argmax(probs, axis=-1).astype(mx.int32)
-    if mx.default_device() != mx.cpu:
+    if mx.default_device() != mx.cpu or probs.shape[-1] < INVERSE_CDF_MIN_VOCAB:
         return mx.random.categorical(mx.log(probs), key=key).astype(mx.int32)
     cdf = mx.cumsum(probs.astype(mx.float64), axis=-1)
     high, low = mx.random.uniform(shape=(2, *probs.shape[:-1], 1), key=key).astype(mx.float64)

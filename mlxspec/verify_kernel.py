@@ -69,8 +69,8 @@ def cpu_backend() -> tuple[CPUExtension | None, str]:
     """(the CPU backend, "") or (None, why not): not built, built for another MLX, or failing its self-test."""
     try:
         from . import _verify_kernel as module
-    except ImportError as error:
-        return None, f"not built ({error.msg}); reinstall with a C++ compiler and CMake: pip install -e ."
+    except ImportError:
+        return None, "not built (no C++ compiler or CMake at install time); reinstall mlxspec where they are"
     if module.built_with_mlx != mx.__version__:
         return None, f"built for MLX {module.built_with_mlx}, running MLX {mx.__version__}; reinstall mlxspec"
     backend = CPUExtension(module)

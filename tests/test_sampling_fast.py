@@ -73,8 +73,11 @@ def test_kernel_row_ops_equal_their_definitions():
     assert ties[1].tolist() == [[1, 2, 4]]  # ties by lower index
 
 
-def test_inverse_cdf_sampler_follows_the_distribution_and_never_draws_zero_mass():
-    """20,000 draws from one row (one call, independent uniforms per row); chi-square false alarm 1e-3."""
+@pytest.mark.parametrize("inverse_cdf", [True, False], ids=["inverse-cdf", "gumbel"])
+def test_sampler_follows_the_distribution_and_never_draws_zero_mass(inverse_cdf, monkeypatch):
+    """20,000 draws from one row (one call, independent uniforms per row); chi-square false alarm 1e-3. Both of
+    sample()'s paths: inverse CDF (real vocabularies on the CPU) and Gumbel-max (small vocabularies, GPUs)."""
+    monkeypatch.setattr(sampling, "INVERSE_CDF_MIN_VOCAB", 0 if inverse_cdf else 10**9)
     probs = mx.array([0.0, 0.3, 0.0, 0.05, 0.15, 0.0, 0.25, 0.001, 0.249, 0.0])
     draws = np.array(sample(mx.broadcast_to(probs, (20000, 10)), mx.random.key(4), False))
     counts = np.bincount(draws, minlength=10)
