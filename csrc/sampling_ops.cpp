@@ -13,6 +13,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
+#include "cpu_common.h"
 #include "thread_pool.h"
 
 namespace mlxspec {
@@ -20,10 +21,6 @@ namespace mlxspec {
 using namespace mlx::core;
 
 namespace {
-
-constexpr int kLanes = 16;
-typedef float vfloat __attribute__((vector_size(64)));
-typedef int32_t vint __attribute__((vector_size(64)));
 
 // exp(x) for x <= 0: 2^n * p(r) with x = n ln2 + r (Cody-Waite split), |r| <= ln2 / 2, degree-6 polynomial.
 // Relative error about 2e-7; inputs below -87 give 0.
@@ -124,14 +121,6 @@ void check_rows(const array& x, const char* op) {
   if (x.ndim() != 2 || x.dtype() != float32) {
     throw std::invalid_argument(std::string("[") + op + "] expects float32 rows [N, V].");
   }
-}
-
-mlx::core::Stream cpu_stream(StreamOrDevice s, const char* op) {
-  auto stream = to_stream(s);
-  if (stream.device != Device::cpu) {
-    throw std::invalid_argument(std::string("[") + op + "] runs on the CPU; pass stream=mx.cpu.");
-  }
-  return stream;
 }
 
 }  // namespace

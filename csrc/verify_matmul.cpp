@@ -17,6 +17,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
+#include "cpu_common.h"
 #include "thread_pool.h"
 
 namespace mlxspec {
@@ -25,17 +26,11 @@ using namespace mlx::core;
 
 namespace {
 
-constexpr int kLanes = 16;
 constexpr int kRowBlock = 4;  // rows of x per micro-tile
 constexpr int kColBlock = 4;  // weight rows (output columns) per micro-tile
 // Below this many weight bytes a fork-join costs more than it saves.
 constexpr int64_t kParallelBytes = 1 << 18;
 
-typedef float vfloat __attribute__((vector_size(64)));
-typedef int32_t vint __attribute__((vector_size(64)));
-typedef uint32_t vuint __attribute__((vector_size(64)));
-typedef uint16_t vhalf __attribute__((vector_size(32)));
-typedef uint8_t vbyte __attribute__((vector_size(16)));
 
 inline vfloat load(const float* p) {
   vfloat v;
@@ -119,44 +114,37 @@ struct DenseFloat32 {
   }
 };
 
-struct DenseBFloat16 {
-  const uint16_t* w;
-  int64_t k;
-  Prefetch raw(int64_t row, int64_t count) const {
-    return {reinterpret_cast<const char*>(w + row * k), count * k * 2};
+// Widening one row of 16-bit floats to float32: bf16 is float32's upper half, so a shift per lane.
+inline void widen_row(const uint16_t* bf16, int64_t k, float* dst) {
+  int64_t c = 0;
+  for (; c + kLanes <= k; c += kLanes) {
+    vhalf h;
+    std::memcpy(&h, bf16 + c, sizeof(h));
+    vuint bits = __builtin_convertvector(h, vuint) << 16;
+    std::memcpy(dst + c, &bits, sizeof(bits));
   }
-  void rows(int64_t row, int count, int64_t kp, float* scratch, const float** out) const {
-    for (int j = 0; j < count; ++j) {
-      const uint16_t* src = w + (row + j) * k;
-      float* dst = scratch + j * kp;
-      int64_t c = 0;
-      for (; c + kLanes <= k; c += kLanes) {
-        vhalf h;
-        std::memcpy(&h, src + c, sizeof(h));
-        vuint bits = __builtin_convertvector(h, vuint) << 16;
-        std::memcpy(dst + c, &bits, sizeof(bits));
-      }
-      for (; c < k; ++c) {
-        uint32_t bits = uint32_t(src[c]) << 16;
-        std::memcpy(dst + c, &bits, sizeof(bits));
-      }
-      std::fill(dst + k, dst + kp, 0.0f);
-      out[j] = dst;
-    }
+  for (; c < k; ++c) {
+    uint32_t bits = uint32_t(bf16[c]) << 16;
+    std::memcpy(dst + c, &bits, sizeof(bits));
   }
-};
+}
 
-struct DenseFloat16 {
-  const float16_t* w;
+inline void widen_row(const float16_t* f16, int64_t k, float* dst) {
+  for (int64_t c = 0; c < k; ++c) dst[c] = static_cast<float>(f16[c]);
+}
+
+// bfloat16 (stored as uint16_t) or float16 weights, widened into the scratch rows.
+template <typename Half>
+struct DenseHalf {
+  const Half* w;
   int64_t k;
   Prefetch raw(int64_t row, int64_t count) const {
     return {reinterpret_cast<const char*>(w + row * k), count * k * 2};
   }
   void rows(int64_t row, int count, int64_t kp, float* scratch, const float** out) const {
     for (int j = 0; j < count; ++j) {
-      const float16_t* src = w + (row + j) * k;
       float* dst = scratch + j * kp;
-      for (int64_t c = 0; c < k; ++c) dst[c] = static_cast<float>(src[c]);
+      widen_row(w + (row + j) * k, k, dst);
       std::fill(dst + k, dst + kp, 0.0f);
       out[j] = dst;
     }
@@ -319,10 +307,10 @@ void run_problem(const Problem& p) {
         multiply(DenseFloat32{reinterpret_cast<const float*>(p.w), p.k}, xp, p.m, kp, p.n, elements * 4, y);
         break;
       case bfloat16:
-        multiply(DenseBFloat16{reinterpret_cast<const uint16_t*>(p.w), p.k}, xp, p.m, kp, p.n, elements * 2, y);
+        multiply(DenseHalf<uint16_t>{reinterpret_cast<const uint16_t*>(p.w), p.k}, xp, p.m, kp, p.n, elements * 2, y);
         break;
       default:
-        multiply(DenseFloat16{reinterpret_cast<const float16_t*>(p.w), p.k}, xp, p.m, kp, p.n, elements * 2, y);
+        multiply(DenseHalf<float16_t>{reinterpret_cast<const float16_t*>(p.w), p.k}, xp, p.m, kp, p.n, elements * 2, y);
         break;
     }
   } else {
@@ -338,14 +326,6 @@ void run_problem(const Problem& p) {
 
 bool is_float(Dtype d) {
   return d == float32 || d == bfloat16 || d == float16;
-}
-
-mlx::core::Stream cpu_stream(StreamOrDevice s) {
-  auto stream = to_stream(s);
-  if (stream.device != Device::cpu) {
-    throw std::invalid_argument("[verify_matmul] runs on the CPU; pass stream=mx.cpu.");
-  }
-  return stream;
 }
 
 Shape output_shape(const array& x, int64_t n) {
@@ -377,7 +357,7 @@ array verify_matmul(const array& x, const array& w, StreamOrDevice s) {
   if (!is_float(x.dtype()) || x.dtype() != w.dtype()) {
     throw std::invalid_argument("[verify_matmul] x and w must share one float dtype (float32, bfloat16, float16).");
   }
-  auto stream = cpu_stream(s);
+  auto stream = cpu_stream(s, "verify_matmul");
   return array(
       output_shape(x, w.shape(0)),
       x.dtype(),
@@ -410,7 +390,7 @@ array verify_qmatmul(
   if (!is_float(x.dtype()) || !is_float(scales.dtype()) || biases.dtype() != scales.dtype()) {
     throw std::invalid_argument("[verify_qmatmul] x, scales and biases must be float32, bfloat16 or float16.");
   }
-  auto stream = cpu_stream(s);
+  auto stream = cpu_stream(s, "verify_qmatmul");
   return array(
       output_shape(x, w.shape(0)),
       x.dtype(),

@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import UserError
 from .sampling import SamplingConfig
+from .verify_kernel import KERNEL_CHOICES
 
 MAX_NUM_DRAFT = 64  # the longest chain, or the deepest tree, one step may draft
 ADAPTIVE_MAX_DRAFT = 8  # the longest chain the adaptive controller may choose
@@ -138,6 +139,6 @@ class DecodeOptions:
             raise UserError(f"kv_bits {self.kv_bits!r} is not supported; use 4 or 8")
         if self.draft_window is not None and (not _is_int(self.draft_window) or self.draft_window < 1):
             raise UserError(f"draft_window {self.draft_window!r} must be a whole number of tokens >= 1")
-        if self.kernel not in ("auto", "on", "off"):
-            raise UserError(f"kernel {self.kernel!r} is not one of auto, on, off")
+        if self.kernel not in KERNEL_CHOICES:
+            raise UserError(f"kernel {self.kernel!r} is not one of {', '.join(KERNEL_CHOICES)}")
         return replace(self, stop=list(stop), num_draft=num_draft)

@@ -60,7 +60,7 @@ def to_probs_checked(logits: mx.array, config: SamplingConfig) -> tuple[mx.array
     vocab = logits.shape[-1]
     not_short = mx.zeros(logits.shape[:-1], dtype=mx.bool_)
     if config.greedy:
-        return (mx.arange(vocab) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32), not_short
+        return to_probs_sorted(logits, config), not_short  # one-hot on the argmax: nothing to rank
     ranks = 0 < config.top_p < 1 or 0 < config.top_k < vocab
     count = min(vocab, max(CANDIDATES, config.top_k))
     if not ranks and config.min_p == 0.0:  # temperature alone: no normalization needed before the softmax
