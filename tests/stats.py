@@ -13,13 +13,8 @@ from scipy import stats
 ALPHA = 1e-3
 
 
-def chi_square_pvalue(counts: np.ndarray, expected_probs: np.ndarray, min_expected: float = 20.0) -> float:
-    """Pearson chi-square p-value; cells expecting fewer than min_expected samples are pooled into one.
-
-    20, not the textbook 5: the joint laws here have dozens of cells expecting 5-20 samples, where the chi-square
-    approximation's tail is too light. Measured 2026-12-01 on the draft-tree test (blocks of 3,000 seeds): with 5,
-    p = 0.00046 and 0.00088 in two of eight blocks with the inverse-CDF sampler, and 0.0045 in one of four with the
-    old Gumbel sampler; with 20 the two failing blocks give 0.014 and 0.14."""
+def chi_square_pvalue(counts: np.ndarray, expected_probs: np.ndarray, min_expected: float = 5.0) -> float:
+    """Pearson chi-square p-value; cells expecting fewer than min_expected samples are pooled into one."""
     counts = np.asarray(counts, dtype=np.float64).ravel()
     probs = np.asarray(expected_probs, dtype=np.float64).ravel()
     probs = probs / probs.sum()
