@@ -80,6 +80,7 @@ class Speculator:
         self.options = (options or DecodeOptions()).validate()
         self._successors = None  # prompt lookup's corpus table, loaded on first use
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
+        self._recurrent: bool | None = None  # whether the target keeps recurrent layer state, once known
         self.last_stats = Stats()
 
     @property
@@ -150,7 +151,9 @@ class Speculator:
 
             tokens, healed_text, first_token_mask = heal_prompt(self.tokenizer, tokens)
         stats.seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
+        options, tree_note = self._chain_if_recurrent(options)
         drafter, controller, stats.note = self._drafting(options)
+        stats.note = stats.note or tree_note
         stats.mode = describe_drafter(drafter, options)
         stats.num_draft = 0 if drafter is None else ("auto" if controller is not None else options.depth)
         engine = SpeculativeEngine(
@@ -200,6 +203,24 @@ class Speculator:
             stats.draft_calls = drafter.calls if drafter is not None else 0
             stats.peak_memory_bytes = mx.get_peak_memory()
             yield Chunk(piece, new_tokens, finish)
+
+    def _chain_if_recurrent(self, options: DecodeOptions) -> tuple[DecodeOptions, str]:
+        """Trees would need one recurrent state per branch: on such a target, draft a chain as deep, with a note."""
+        wants_tree = options.tree_topk > 1 or (options.lookup and options.lookup_candidates > 1)
+        if not wants_tree:
+            return options, ""
+        if self._recurrent is None:
+            from .caches import recurrent_family
+
+            self._recurrent = recurrent_family(self.target.model)
+        if not self._recurrent:
+            return options, ""
+        from .caches import model_family
+
+        depth = options.num_draft if options.adaptive else options.depth
+        chain = options.updated(tree_topk=1, tree_nodes=None, lookup_candidates=1, num_draft=depth)
+        family = model_family(self.target.model)
+        return chain, f"{family} keeps recurrent state, which a tree would need per branch; drafting a chain instead"
 
     def _drafting(self, options: DecodeOptions) -> tuple[Drafter | None, Any, str]:
         """(drafter, adaptive controller, a note when falling back to plain decoding) for these options."""

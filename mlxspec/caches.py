@@ -11,10 +11,18 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 from .errors import UserError
 from .memory_model import kv_group_size_for
+from .recurrent import leaf_caches, recurrent_leaves, trim_attention
 
 
 class WindowKVCache(KVCache):
@@ -107,69 +115,79 @@ def model_family(model: nn.Module) -> str:
 def make_speculative_cache(
     model: nn.Module, max_rollback: int, kv_bits: int | None = None, window: int | None = None
 ) -> list[Any]:
-    """The model's own cache layout, with every layer made safe to roll back by `max_rollback` tokens.
+    """The model's own cache layout, with every attention layer made safe to roll back by `max_rollback` tokens.
 
     `window` turns every full-attention layer into a sliding window of that many tokens (for draft models only:
-    it changes what the model computes). With max_rollback 0 (plain decoding) any layer cache is kept as it is;
-    otherwise a layer whose state (an SSM or linear-attention state) cannot be rolled back is refused by name.
+    it changes what the model computes). Recurrent layers (`ArraysCache`) are kept as they are: they roll back by
+    snapshot (recurrent.py). A layer cache of any other kind is refused by name when drafting.
     """
-    cache = make_prompt_cache(model)
     kv_group_size = kv_group_size_for(head_dim(model)) if kv_bits else None
     if kv_bits and kv_group_size is None:
         raise UserError(
             f"{model_family(model)} has head_dim {head_dim(model)}, which MLX cannot quantize; drop --kv-bits"
         )
-    out = []
-    for layer_cache in cache:
-        if window is not None and type(layer_cache) is KVCache:
-            if kv_bits:
-                raise UserError("a windowed draft cache cannot be quantized yet; drop --kv-bits or --draft-window")
-            out.append(WindowKVCache(window, slack=max_rollback))
-        elif isinstance(layer_cache, RotatingKVCache):
-            if layer_cache.keep:
-                raise UserError(
-                    f"{model_family(model)}: sliding-window caches that keep {layer_cache.keep} "
-                    "sink tokens are not supported yet; use a model without attention sinks"
-                )
-            if kv_bits:
-                raise UserError(
-                    f"{model_family(model)} uses sliding-window attention, which mlx-lm cannot quantize; drop --kv-bits"
-                )
-            out.append(WindowKVCache(layer_cache.max_size, slack=max_rollback))
-        elif type(layer_cache) is KVCache:
-            out.append(QuantizedKVCache(kv_group_size, kv_bits) if kv_bits else layer_cache)
-        elif isinstance(layer_cache, QuantizedKVCache) or max_rollback == 0:
-            out.append(layer_cache)
-        else:
-            raise cannot_roll_back(model, type(layer_cache).__name__)
-    return out
+    convert = lambda c: _rollback_safe(model, c, max_rollback, kv_bits, kv_group_size, window)  # noqa: E731
+    return [
+        CacheList(*map(convert, c.caches)) if isinstance(c, CacheList) else convert(c) for c in make_prompt_cache(model)
+    ]
+
+
+def _rollback_safe(
+    model: nn.Module,
+    layer_cache: Any,
+    max_rollback: int,
+    kv_bits: int | None,
+    kv_group_size: int | None,
+    window: int | None,
+) -> Any:
+    """One layer's cache in a form a speculative step can roll back."""
+    if window is not None and type(layer_cache) is KVCache:
+        if kv_bits:
+            raise UserError("a windowed draft cache cannot be quantized yet; drop --kv-bits or --draft-window")
+        return WindowKVCache(window, slack=max_rollback)
+    if isinstance(layer_cache, RotatingKVCache):
+        if layer_cache.keep:
+            raise UserError(
+                f"{model_family(model)}: sliding-window caches that keep {layer_cache.keep} "
+                "sink tokens are not supported yet; use a model without attention sinks"
+            )
+        if kv_bits:
+            raise UserError(
+                f"{model_family(model)} uses sliding-window attention, which mlx-lm cannot quantize; drop --kv-bits"
+            )
+        return WindowKVCache(layer_cache.max_size, slack=max_rollback)
+    if type(layer_cache) is KVCache:
+        return QuantizedKVCache(kv_group_size, kv_bits) if kv_bits else layer_cache
+    if isinstance(layer_cache, (QuantizedKVCache, ArraysCache)) or max_rollback == 0:
+        return layer_cache
+    raise cannot_roll_back(model, type(layer_cache).__name__)
 
 
 def cannot_roll_back(model: nn.Module, cache_name: str) -> UserError:
     """The refusal to draft for a model whose layer state cannot be rolled back, naming the family and the way out."""
     return UserError(
-        f"{model_family(model)} keeps recurrent state ({cache_name}) that cannot be rolled back, so it cannot be "
+        f"{model_family(model)} keeps layer state ({cache_name}) that mlxspec cannot roll back, so it cannot be "
         "drafted for yet; decode plainly with --no-draft"
     )
 
 
 def rollback_blocker(model: nn.Module) -> str | None:
-    """The name of the first layer cache type that cannot be rolled back (an SSM or linear-attention state), or None."""
-    for layer_cache in make_prompt_cache(model):
-        if not isinstance(layer_cache, (KVCache, RotatingKVCache, QuantizedKVCache)):
+    """The name of the first layer cache type that neither trims nor restores from a snapshot, or None."""
+    for layer_cache in leaf_caches(make_prompt_cache(model)):
+        if not isinstance(layer_cache, (KVCache, RotatingKVCache, QuantizedKVCache, ArraysCache)):
             return type(layer_cache).__name__
     return None
 
 
+def recurrent_family(model: nn.Module) -> bool:
+    """Whether some layer keeps recurrent state (rolled back by snapshot and deferred replay)."""
+    return bool(recurrent_leaves(make_prompt_cache(model)))
+
+
 def rollback(cache: list[Any], num_tokens: int) -> None:
-    """Forget the last num_tokens positions of every layer: rollback is just moving the offset back."""
-    if num_tokens <= 0:
-        return
-    for layer_cache in cache:
-        trimmed = layer_cache.trim(num_tokens)
-        if trimmed != num_tokens:
-            raise RuntimeError(f"{type(layer_cache).__name__} trimmed {trimmed} of {num_tokens} tokens")
+    """Forget the last num_tokens positions of every layer: rollback is just moving the offset back.
 
-
-def cache_offset(cache: list[Any]) -> int:
-    return cache[0].offset if cache else 0
+    Only for caches without recurrent layers; those rewind to a snapshot (recurrent.rewind)."""
+    if num_tokens > 0 and recurrent_leaves(cache):
+        raise RuntimeError("a cache with recurrent layers rolls back by recurrent.rewind, not by trimming")
+    trim_attention(cache, num_tokens)

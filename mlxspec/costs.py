@@ -19,6 +19,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from .platform import blas_in_use, cache_dir
+from .recurrent import is_recurrent, leaf_caches, recurrent_leaves, restore, snapshot
 
 CURVES_FILE = "cost_curves.json"
 
@@ -67,13 +68,16 @@ def _time_forward(model: nn.Module, n: int, context: int, repeats: int) -> float
     cache = make_prompt_cache(model)
     model(mx.zeros((1, context), mx.int32), cache=cache)
     mx.eval([c.state for c in cache])
-    times = []
+    times, recurrent = [], recurrent_leaves(cache)
     for _ in range(repeats + 1):
+        before = snapshot(recurrent)
         start = time.perf_counter()
         mx.eval(model(mx.zeros((1, n), mx.int32), cache=cache))
         times.append(time.perf_counter() - start)
-        for c in cache:
-            c.trim(n)
+        restore(recurrent, before)
+        for c in leaf_caches(cache):
+            if not is_recurrent(c):
+                c.trim(n)
     return statistics.median(times[1:])  # the first run warms kernels up
 
 

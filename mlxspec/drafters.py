@@ -13,9 +13,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .caches import cache_offset, make_speculative_cache, rollback
+from .caches import make_speculative_cache, rollback
 from .compiled_draft import CompiledDraftChain, pick_draft_token, supports_compiled_draft
 from .errors import UserError
+from .recurrent import Snapshot, recurrent_leaves, restore, snapshot, trim_attention
 from .sampling import SamplingConfig
 from .trees import TreeShape, caterpillar_chain_nodes, caterpillar_parents, continuation_tree
 
@@ -92,12 +93,16 @@ class DraftModelDrafter(Drafter):
             if self.compiled
             else make_speculative_cache(model, max_rollback=max_draft + 1, kv_bits=kv_bits, window=kv_window)
         )
+        # Recurrent draft layers roll back to the snapshot taken after each single-token step of the chain.
+        self.recurrent = recurrent_leaves(self.cache)
+        self._snapshots: list[Snapshot] = []  # [j]: the recurrent state after the chain's j-th forward
+        self.fed = 0  # tokens the eager cache holds (a recurrent layer has no offset to read)
         self.history: list[int] = []  # every committed token, prompt included
         self._chain_nodes: list[int] = []  # node indices (1-based) of the tokens fed back into the draft
         self.calls = 0
 
     def _offset(self) -> int:
-        return self.compiled.offset if self.compiled else cache_offset(self.cache)
+        return self.compiled.offset if self.compiled else self.fed
 
     def _pending(self) -> list[int]:
         return self.history[self._offset() :]
@@ -110,6 +115,7 @@ class DraftModelDrafter(Drafter):
         while len(self._pending()) > 1:
             todo = self._pending()[: min(chunk, len(self._pending()) - 1)]
             self.model(mx.array(todo)[None], cache=self.cache)
+            self.fed += len(todo)
             mx.eval([c.state for c in self.cache])
 
     def propose(self, num_tokens: int, key: mx.array | None) -> Draft:
@@ -120,8 +126,12 @@ class DraftModelDrafter(Drafter):
         inputs = mx.array(self._pending(), dtype=mx.int32)
         keys = None if greedy or k > 1 else mx.random.split(key, num_tokens)
         tokens, probs = [], []
+        self._snapshots = []
         for i in range(num_tokens):
             logits = self.model(inputs[None], cache=self.cache)[0, -1]
+            self.fed += inputs.shape[0]
+            if self.recurrent:
+                self._snapshots.append(snapshot(self.recurrent))
             token, proposed, q = pick_draft_token(logits, self.sampling, k, None if keys is None else keys[i])
             tokens.append(proposed)
             if q is not None:
@@ -148,8 +158,13 @@ class DraftModelDrafter(Drafter):
             extra = self._offset() - (len(self.history) + keep)
             if self.compiled:
                 self.compiled.trim(extra)
+            elif self.recurrent and extra > 0:
+                restore(self.recurrent, self._snapshots[keep])
+                trim_attention(self.cache, extra)
+                self.fed -= extra
             else:
                 rollback(self.cache, extra)
+                self.fed -= max(0, extra)
         self.history.extend(emitted)
         self._chain_nodes = []
 

@@ -9,8 +9,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .acceptance import accept_chain, accept_deterministic_chain
-from .caches import make_speculative_cache, rollback, rollback_blocker
+from .caches import make_speculative_cache, rollback
 from .drafters import Draft, Drafter
+from .recurrent import Snapshot, recurrent_leaves, rewind, snapshot
 from .sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
 from .target_features import forward_with_hidden
 from .tree_attention import keep_tree_path, tree_verification
@@ -54,6 +55,7 @@ class SpeculativeEngine:
         prefill_chunk: int = 512,
         max_nodes: int | None = None,
         controller=None,
+        max_merged_replay: int | None = None,
     ):
         self.target = target
         self.drafter = drafter
@@ -68,10 +70,24 @@ class SpeculativeEngine:
         # Plain decoding never rolls back, so it runs on any cache, recurrent ones included.
         rollback_room = max(self.num_draft, max_nodes or 0, drafter.max_nodes) + 1 if drafter is not None else 0
         self.cache = make_speculative_cache(target, max_rollback=rollback_room, kv_bits=kv_bits)
+        # Recurrent layers (SSM, linear attention) cannot be trimmed: a step that rejects drafts rewinds them to a
+        # snapshot taken before its forward and feeds the accepted tokens again at the front of the next forward
+        # (deferred replay, recurrent.py), which widens that pass instead of costing one more.
+        self.recurrent = recurrent_leaves(self.cache)
+        self.replay: list[int] = []  # accepted tokens the rewound cache has yet to see again
+        self._fed: list[int] = []  # the host tokens fed ahead of the drafts in the last forward (replay + pending)
+        self._before: Snapshot = []  # the recurrent state before the last forward
+        self.replayed = 0  # tokens fed again by deferred replay
+        # Each rejection rewinds to before the whole forward, replay included, so replay grows over a run of
+        # rejections. Past this many tokens it is fed as a forward of its own ahead of the verify forward (queued
+        # in the same step: still one sync), after which the snapshot is taken: widths stay bounded.
+        self.max_merged_replay = self.num_draft + 1 if max_merged_replay is None else max_merged_replay
+        self.catch_up_forwards = 0
+        self.forward_widths: dict[int, int] = {}  # tokens per target forward -> how many forwards
         # Plain steps queue their next forward before the sync; a step whose sampled token must be redrawn
-        # (a `short` top-p row, see sampling.to_probs_checked) then rolls that forward back, which recurrent
-        # caches cannot do: there plain steps rank the whole vocabulary instead.
-        self.rollback_ok = rollback_blocker(target) is None
+        # (a `short` top-p row, see sampling.to_probs_checked) then rolls that forward back, which a recurrent
+        # cache would need a snapshot for: there plain steps rank the whole vocabulary instead.
+        self.rollback_ok = not self.recurrent
         self.sorted_fallbacks = 0  # steps redone with the whole vocabulary ranked (a top-p set past the candidates)
         self.key = mx.random.key(seed)
         self.pending: list[int] = []
@@ -108,7 +124,7 @@ class SpeculativeEngine:
         negative value means no further token fits."""
         if self.context_length is None:
             return None
-        return self.context_length - self.position - len(self.pending)
+        return self.context_length - self.position - len(self.replay) - len(self.pending)
 
     def _mark(self, phase: str, *arrays) -> None:
         """Profiling only: finish `arrays`, charge the time since the last mark to `phase` (adds syncs)."""
@@ -155,16 +171,23 @@ class SpeculativeEngine:
 
     def _target_logits(self, draft: Draft | None) -> mx.array:
         """[N, V] target logits after the pending token and each drafted node; feeds them all to the cache."""
-        inputs = mx.array(self.pending, dtype=mx.int32)
+        if len(self.replay) > self.max_merged_replay:
+            self._feed_replay_alone()
+        self._fed, skip = self.replay + self.pending, len(self.replay)
+        inputs = mx.array(self._fed, dtype=mx.int32)
         if draft is not None:
             inputs = mx.concatenate([inputs, draft.tokens])
+        if self.recurrent:
+            self._before = snapshot(self.recurrent)
         if self.wants_hidden:
             hidden, logits = forward_with_hidden(self.target, inputs[None], self.cache)
-            self._hidden = hidden[0]
+            self._hidden = hidden[0, skip:]
         else:
             logits = self.target(inputs[None], cache=self.cache)
+        self._count_forward(inputs.shape[0])
         self.position += inputs.shape[0]
-        logits = logits[0]
+        self.replay, self.replayed = [], self.replayed + skip
+        logits = logits[0, skip:]  # the replayed rows predict tokens already emitted
         if self.first_token_mask is not None:
             vocab = min(logits.shape[-1], self.first_token_mask.shape[0])
             allowed = mx.concatenate(
@@ -173,6 +196,24 @@ class SpeculativeEngine:
             logits = mx.where(allowed, logits, -mx.inf)
             self.first_token_mask = None
         return logits
+
+    def settle(self) -> None:
+        """Feed any deferred replay now, so the target cache holds every token but the pending one."""
+        if self.replay:
+            self._feed_replay_alone()
+            mx.eval([c.state for c in self.cache])
+
+    def _count_forward(self, width: int) -> None:
+        self.forward_widths[width] = self.forward_widths.get(width, 0) + 1
+
+    def _feed_replay_alone(self) -> None:
+        """Queue a forward of the replay tokens only (its logits are never evaluated, so never computed)."""
+        self.target(mx.array(self.replay, dtype=mx.int32)[None], cache=self.cache)
+        self._count_forward(len(self.replay))
+        self.position += len(self.replay)
+        self.replayed += len(self.replay)
+        self.catch_up_forwards += 1
+        self.replay = []
 
     def _target_samples(
         self, logits: mx.array, key: mx.array | None, ranked: bool = False
@@ -198,6 +239,7 @@ class SpeculativeEngine:
         if self._decodes_plainly() and max_new_tokens > 1 and (free is None or free > 0):
             self._prefetched = self.target(token[None], cache=self.cache)[0]
             self.position += 1
+            self._count_forward(1)
             mx.async_eval(self._prefetched)
         value, redraw = to_host(mx.concatenate([token, short[None].astype(mx.int32)]))
         if redraw:  # rare: the token came from too few ranked candidates; the queued forward fed it, so undo that
@@ -213,6 +255,22 @@ class SpeculativeEngine:
     def _roll_back(self, num_tokens: int) -> None:
         rollback(self.cache, num_tokens)
         self.position -= max(0, num_tokens)
+
+    def _keep(self, num_drafted: int, kept: list[int]) -> None:
+        """After verifying a chain of num_drafted tokens, keep the tokens fed ahead of it and the `kept` drafts.
+
+        An attention cache trims the rest. A recurrent one rewinds to before the forward, and what it should have
+        kept is fed again at the front of the next one."""
+        rejected = num_drafted - len(kept)
+        if rejected == 0:
+            return
+        if not self.recurrent:
+            self._roll_back(rejected)
+            return
+        fed = len(self._fed) + num_drafted
+        rewind(self.cache, self._before, fed)
+        self.position -= fed
+        self.replay = self._fed + kept
 
     def _decodes_plainly(self) -> bool:
         """Whether every later step is certain to be plain decoding (no drafter, or one that cannot pay)."""
@@ -233,7 +291,7 @@ class SpeculativeEngine:
             values[:2] = to_host(mx.concatenate(self._accept_chain(draft, to_probs_sorted(logits, self.sampling), key)))
         num_accepted, next_token, proposed = values[0], values[1], values[3:]
         self._mark("accept")
-        self._roll_back(num_draft - num_accepted)
+        self._keep(num_draft, proposed[:num_accepted])
         self.pending = [next_token]
         return StepResult(proposed[:num_accepted] + [next_token], num_draft, num_accepted, proposed, num_accepted)
 
@@ -264,6 +322,7 @@ class SpeculativeEngine:
         if shape.is_chain:
             logits = self._target_logits(draft)
         else:
+            assert not self.recurrent, "trees need per-branch recurrent state; the API drafts chains for these"
             with tree_verification(self.target, self.cache, shape, prefix):
                 logits = self._target_logits(draft)
         self._mark("verify", logits)
@@ -280,7 +339,7 @@ class SpeculativeEngine:
         self._mark("accept")
         path = shape.path_to(deepest)
         if shape.is_chain:
-            self._roll_back(shape.size - 1 - deepest)
+            self._keep(shape.size - 1, proposed[:deepest])
         else:
             keep_tree_path(self.cache, prefix, [0, *path])
             self.position = prefix + 1 + len(path)

@@ -26,10 +26,12 @@ def speculative_tokens(
     tree_topk=1,
     drafter=None,
     kernel="auto",
+    totals=None,
 ):
     """Generate with the engine. `draft` is a draft model (or None); `drafter` overrides it with any Drafter.
 
-    The target runs through the verify kernel where it is built (kernel='auto'), as mlxspec's API runs it."""
+    The target runs through the verify kernel where it is built (kernel='auto'), as mlxspec's API runs it.
+    `totals`, a dict, gets the drafted and accepted counts added to its "drafted" and "accepted"."""
     if drafter is None and draft is not None:
         options = DecodeOptions(
             temperature=sampling.temperature,
@@ -49,7 +51,11 @@ def speculative_tokens(
     with verify_kernel.routed(target, backend):
         engine.prefill(list(prompt))
         while len(out) < max_tokens:
-            out += engine.step(max_tokens - len(out)).tokens
+            step = engine.step(max_tokens - len(out))
+            out += step.tokens
+            if totals is not None:
+                totals["drafted"] = totals.get("drafted", 0) + step.drafted
+                totals["accepted"] = totals.get("accepted", 0) + step.accepted
     if engine_out is not None:
         engine_out.append(engine)
     return out

@@ -1,0 +1,63 @@
+"""Exact rollback for layer state that cannot be trimmed: SSM, linear-attention and RWKV states (`ArraysCache`).
+
+A recurrent layer folds every token it sees into a fixed-size state, so a rejected draft cannot be cut out of it.
+MLX arrays are immutable and mlx-lm's layers replace their `ArraysCache` entries rather than write into them, so
+keeping references to the entries before a forward is a free snapshot; putting them back rewinds the layer.
+
+Rolling back a cache then means: restore the recurrent layers to a snapshot and trim every attention layer by the
+tokens fed since it. The engine re-feeds the accepted tokens at the front of its next verify pass (deferred
+replay); a draft model keeps one snapshot per single-token step instead, so its rollback needs no replay.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlx_lm.models.cache import ArraysCache, CacheList
+
+Snapshot = list[list[Any]]  # per recurrent layer, its state arrays (references; nothing is copied)
+
+
+def leaf_caches(cache: list[Any]) -> list[Any]:
+    """Every per-layer cache, with mlx-lm's CacheList (several caches for one layer) opened up."""
+    leaves = []
+    for layer_cache in cache:
+        leaves.extend(layer_cache.caches if isinstance(layer_cache, CacheList) else [layer_cache])
+    return leaves
+
+
+def is_recurrent(layer_cache: Any) -> bool:
+    return isinstance(layer_cache, ArraysCache)
+
+
+def recurrent_leaves(cache: list[Any]) -> list[ArraysCache]:
+    """The layers that a rollback must restore from a snapshot (empty for a pure attention model)."""
+    return [c for c in leaf_caches(cache) if is_recurrent(c)]
+
+
+def snapshot(leaves: list[ArraysCache]) -> Snapshot:
+    """The recurrent layers' state now: references to their arrays (free)."""
+    return [list(c.cache) for c in leaves]
+
+
+def restore(leaves: list[ArraysCache], state: Snapshot) -> None:
+    for layer_cache, arrays in zip(leaves, state, strict=True):
+        layer_cache.cache = list(arrays)
+
+
+def trim_attention(cache: list[Any], num_tokens: int) -> None:
+    """Drop the last num_tokens positions of every trimmable layer; recurrent layers are left to `restore`."""
+    if num_tokens <= 0:
+        return
+    for layer_cache in leaf_caches(cache):
+        if is_recurrent(layer_cache):
+            continue
+        trimmed = layer_cache.trim(num_tokens)
+        if trimmed != num_tokens:
+            raise RuntimeError(f"{type(layer_cache).__name__} trimmed {trimmed} of {num_tokens} tokens")
+
+
+def rewind(cache: list[Any], state: Snapshot, num_tokens: int) -> None:
+    """Put the cache back to where `state` was taken, `num_tokens` positions ago."""
+    restore(recurrent_leaves(cache), state)
+    trim_attention(cache, num_tokens)
