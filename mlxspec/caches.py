@@ -98,13 +98,15 @@ class WindowKVCache(KVCache):
 
 
 def head_dim(model: nn.Module) -> int:
-    """The attention head size mlx-lm uses: head_dim where the config gives it, else hidden_size / heads."""
+    """The attention head size mlx-lm uses: head_dim where the config gives it, else hidden_size / heads. Models
+    that wrap a text model (Qwen3.5, Gemma 3) keep these in their text config."""
     args = getattr(model, "args", None)
-    explicit = getattr(args, "head_dim", None)
-    if explicit:
-        return explicit
-    heads = getattr(args, "num_attention_heads", None)
-    return args.hidden_size // heads if heads else 64
+    text = getattr(args, "text_config", None)
+    config = text if isinstance(text, dict) else vars(args) if args is not None else {}
+    if config.get("head_dim"):
+        return config["head_dim"]
+    heads = config.get("num_attention_heads")
+    return config["hidden_size"] // heads if heads and config.get("hidden_size") else 64
 
 
 def model_family(model: nn.Module) -> str:

@@ -1,6 +1,8 @@
-"""Pure memory accounting from a model's config.json: parameters, weight bytes, KV cache bytes, activations.
+"""Memory accounting from a model's config.json: parameters, weight bytes, KV cache bytes, activations.
 
-No weights, no MLX arrays: every function here is arithmetic on config values, so planning a 70B model is instant.
+For the dense families in TIE_DEFAULT every function is arithmetic on config values. Every other family mlx-lm
+builds (MLA, shared and routed experts, SSM and DeltaNet hybrids) is counted from the mlx-lm model itself, built on
+lazy arrays (mlx_lm_layout.py): nothing is allocated either way, so planning a 671B model stays instant.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def text_config(config: dict) -> dict:
     if isinstance(inner, dict):
         merged = {**inner}
         merged.setdefault("model_type", config.get("model_type"))
-        for key in ("quantization", "tie_word_embeddings", "torch_dtype"):
+        for key in ("quantization", "tie_word_embeddings", "torch_dtype", "_model_id", "_source"):
             if key in config and key not in merged:
                 merged[key] = config[key]
         return merged
@@ -151,8 +153,22 @@ class ParameterCount:
         return self.embedding + self.attention + self.mlp + self.lm_head
 
 
+def counted_by_arithmetic(config: dict) -> bool:
+    return text_config(config).get("model_type") in TIE_DEFAULT
+
+
+def _layout(config: dict):
+    from .mlx_lm_layout import layout
+
+    return layout(config)
+
+
 def count_parameters(config: dict) -> ParameterCount:
     """Exact parameter count of the mlx-lm model a config describes (tested per family against instantiation)."""
+    if not counted_by_arithmetic(config):
+        lay = _layout(config)
+        other = lay.matrix_parameters - lay.embedding - lay.lm_head
+        return ParameterCount(lay.embedding, other, 0, lay.total_parameters - lay.matrix_parameters, lay.lm_head)
     s = Shape.from_config(config)
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     attention = s.hidden * q + 2 * s.hidden * kv + q * s.hidden
@@ -193,23 +209,31 @@ def kv_cache_bytes(
     dtype: str = "float32",
     batch: int = 1,
     window: int | None = None,
+    snapshots: int = 0,
 ) -> int:
     """Peak KV bytes after `context` tokens, with `rollback` extra positions a speculative step writes then trims.
 
     Sliding-window layers hold window + rollback (mlxspec's WindowKVCache); `window` caps every layer (a windowed
-    draft cache). Quantized KV stores bits/8 per element plus a scale and bias per group.
+    draft cache). Quantized KV stores bits/8 per element plus a scale and bias per group. Recurrent layers hold a
+    state of constant size, plus `snapshots` earlier copies kept for rollback (recurrent.py).
     """
-    s = Shape.from_config(config)
     elem = DTYPE_BYTES[dtype]
-    kv_group_size = kv_group_size or kv_group_size_for(s.head_dim) or s.head_dim
-    per_position = 2 * s.kv_heads * s.head_dim  # keys and values
-    per_position_bytes = (
-        (per_position * kv_bits / 8 + 2 * (per_position / kv_group_size) * elem) if kv_bits else per_position * elem
-    )
-    total = 0.0
+    if counted_by_arithmetic(config):
+        s = Shape.from_config(config)
+        layers = [(2 * s.kv_heads * s.head_dim, s.sliding_window if sliding else None) for sliding in s.sliding_layers]
+        head, state = s.head_dim, 0
+    else:
+        lay = _layout(config)
+        layers = [(layer.elements_per_token, layer.window) for layer in lay.attention_layers]
+        head = text_config(config).get("head_dim") or 64
+        state = lay.state_elements * elem * (1 + snapshots)
+    kv_group_size = kv_group_size or kv_group_size_for(head) or head
+    total = float(state)
     peak = context + rollback
-    for sliding in s.sliding_layers:
-        layer_window = s.sliding_window if sliding else None
+    for per_position, layer_window in layers:
+        per_position_bytes = (
+            (per_position * kv_bits / 8 + 2 * (per_position / kv_group_size) * elem) if kv_bits else per_position * elem
+        )
         if window is not None:
             layer_window = min(window, layer_window or window)
         # A windowed cache keeps window + slack entries and drops the excess in KV_STEP chunks.
@@ -226,20 +250,32 @@ def verification_bytes(
     Counts float32 logits and their processed copies, the MLP intermediate, and one layer's attention scores where
     the backend materializes them (MLX's CPU attention does; Metal's fused attention kernels do not).
     """
-    s = Shape.from_config(config)
+    heads, vocab, intermediate = _activation_sizes(config)
     f32 = 4
-    scores = s.heads * materialized_scores
-    verify = (
-        3 * positions * s.vocab
-        + scores * positions * (context + positions)
-        + 3 * positions * max(s.intermediate, s.expert_intermediate)
-    ) * f32
+    scores = heads * materialized_scores
+    verify = (3 * positions * vocab + scores * positions * (context + positions) + 3 * positions * intermediate) * f32
     chunk = min(prefill_chunk, context)
-    prefill = (scores * chunk * context + 3 * chunk * max(s.intermediate, s.hidden)) * f32
+    prefill = (scores * chunk * context + 3 * chunk * intermediate) * f32
     return int(max(verify, prefill))
+
+
+def recurrent_state_bytes(config: dict, dtype: str = "bfloat16") -> int:
+    """One sequence's SSM / DeltaNet state (conv + recurrent), constant in the context; 0 for attention-only models."""
+    return 0 if counted_by_arithmetic(config) else _layout(config).state_elements * DTYPE_BYTES[dtype]
+
+
+def _activation_sizes(config: dict) -> tuple[int, int, int]:
+    """(attention heads, vocabulary, widest MLP or expert intermediate) for the activation estimate."""
+    if counted_by_arithmetic(config):
+        s = Shape.from_config(config)
+        return s.heads, s.vocab, max(s.intermediate, s.expert_intermediate, s.hidden)
+    lay, text = _layout(config), text_config(config)
+    widest_mlp = max((v for k, v in text.items() if k.endswith("intermediate_size") and isinstance(v, int)), default=0)
+    return text.get("num_attention_heads") or 0, lay.vocab, max(widest_mlp, text.get("hidden_size") or 0)
 
 
 def medusa_parameters(config: dict, heads: int = 4, shared_lm_head: bool = True) -> int:
     """Medusa heads: a residual SiLU block (hidden x hidden + bias) per head, plus an LM head each unless shared."""
-    s = Shape.from_config(config)
-    return heads * (s.hidden * s.hidden + s.hidden + (0 if shared_lm_head else s.vocab * s.hidden))
+    text = text_config(config)
+    hidden, vocab = text["hidden_size"], text["vocab_size"]
+    return heads * (hidden * hidden + hidden + (0 if shared_lm_head else vocab * hidden))

@@ -75,6 +75,11 @@ def model_weight_bytes(meta: ModelMetadata, bits: int | None, group_size: int, d
     return mm.weight_bytes(params, bits, group_size, dtype), note
 
 
+def _state_note(config: dict, dtype: str) -> str:
+    state = mm.recurrent_state_bytes(config, dtype)
+    return f"; recurrent state {state / 2**20:.1f} MiB x 2 (one rollback snapshot)" if state else ""
+
+
 def memory_items(req: PlanRequest, context: int | None = None) -> list[PlanItem]:
     context = req.context if context is None else context
     rollback = req.verify_positions
@@ -94,8 +99,11 @@ def memory_items(req: PlanRequest, context: int | None = None) -> list[PlanItem]
     items.append(
         PlanItem(
             "target KV cache",
-            mm.kv_cache_bytes(req.target.config, context, rollback, req.kv_bits, dtype=dtype, batch=req.batch),
-            f"{context} + {rollback} positions, {kv_note}",
+            # A recurrent target keeps its state from before each verify pass (one snapshot) for rollback.
+            mm.kv_cache_bytes(
+                req.target.config, context, rollback, req.kv_bits, dtype=dtype, batch=req.batch, snapshots=1
+            ),
+            f"{context} + {rollback} positions, {kv_note}" + _state_note(req.target.config, dtype),
         )
     )
     if req.draft is not None:
@@ -111,6 +119,7 @@ def memory_items(req: PlanRequest, context: int | None = None) -> list[PlanItem]
                     dtype=dtype,
                     batch=req.batch,
                     window=req.draft_window,
+                    snapshots=rollback,  # a recurrent draft keeps its state after each single-token step
                 ),
                 f"{kv_note}{window}",
             )
@@ -148,7 +157,8 @@ def max_context(req: PlanRequest) -> int | None:
 def _alternatives(req: PlanRequest) -> list[tuple[int, str, str, PlanRequest]]:
     """(cost class, what to change, how: flags of `mlxspec generate`, the changed request)."""
     out = []
-    if not req.kv_bits and mm.kv_group_size_for(mm.Shape.from_config(req.target.config).head_dim):
+    head_dim = mm.Shape.from_config(req.target.config).head_dim if mm.counted_by_arithmetic(req.target.config) else 0
+    if not req.kv_bits and mm.kv_group_size_for(head_dim):
         out.append((0, "quantize both KV caches to 8 bits", "--kv-bits 8", replace(req, kv_bits=8)))
         out.append((1, "quantize both KV caches to 4 bits", "--kv-bits 4", replace(req, kv_bits=4)))
     if req.draft is not None and not req.draft_window:

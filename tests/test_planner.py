@@ -7,13 +7,13 @@ import sys
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
-from mlx_lm.utils import _get_classes
 from tiny import make_tiny
 
 from mlxspec import memory_model as mm
 from mlxspec.caches import make_speculative_cache
 from mlxspec.devices import PRESETS, Device, parse_size
 from mlxspec.metadata import load_metadata, preset_names, safetensors_bytes
+from mlxspec.mlx_lm_layout import lazy_model
 from mlxspec.planner import PlanRequest, make_plan, max_context, total_bytes
 
 FAMILY_OF_PRESET = {name: load_metadata(name).config["model_type"] for name in preset_names()}
@@ -21,8 +21,7 @@ FAMILY_OF_PRESET = {name: load_metadata(name).config["model_type"] for name in p
 
 def instantiated_parameters(config: dict) -> int:
     """Parameters of the mlx-lm model as `mlx_lm.load` leaves it (lazy arrays: nothing is allocated)."""
-    model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(config))
+    model = lazy_model(config)
     weights = dict(tree_flatten(model.parameters()))
     if config["model_type"].startswith("gemma"):
         weights.pop("lm_head.weight", None)  # real Gemma checkpoints carry no lm_head; load ties it
@@ -159,13 +158,66 @@ def test_nested_text_config_is_planned_as_its_language_model():
 def test_unknown_families_and_missing_keys_are_refused_by_name(tmp_path):
     from mlxspec import UserError
 
-    mamba = {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 8}
-    with pytest.raises(UserError, match="model_type 'mamba' is not supported"):
-        mm.count_parameters(mamba)
+    unknown = {"model_type": "not_a_family", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 8}
+    with pytest.raises(UserError, match="model_type 'not_a_family' is not one mlx-lm can build"):
+        mm.count_parameters(unknown)
     config = dict(load_metadata("llama-3.2-1b").config)
     del config["hidden_size"]
     with pytest.raises(UserError, match="'hidden_size'"):
         mm.count_parameters(config)
+
+
+# Published totals (model cards), independent of mlx-lm: the presets' counts must land within 1% of them.
+PUBLISHED_BILLIONS = {
+    "deepseek-v2-lite": 15.7,
+    "qwen3-next-80b-a3b": 80.0,
+    "qwen3.5-27b": 27.0,
+    "lfm2-1.2b": 1.17,
+    "granite-4.0-h-small": 32.0,
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED_BILLIONS))
+def test_mla_moe_and_hybrid_presets_count_their_published_parameters(preset):
+    total = mm.count_parameters(load_metadata(preset).config).total / 1e9
+    assert abs(total - PUBLISHED_BILLIONS[preset]) / PUBLISHED_BILLIONS[preset] < 0.01, total
+
+
+def test_deepseek_v2_lite_no_longer_fits_16gb_in_bf16_and_hybrid_plans_carry_their_state():
+    gpu16 = PRESETS["m2-16gb"] if "m2-16gb" in PRESETS else Device("16 GB", parse_size("16GB"), parse_size("11GB"), "t")
+    plan = make_plan(PlanRequest(target=load_metadata("deepseek-v2-lite"), device=gpu16, context=4096))
+    assert not plan.fits  # 15.7B parameters are 31 GB in bfloat16
+    assert "15.71B params" in next(i.note for i in plan.items if i.name == "target weights")
+    # Qwen3-Next: 12 attention layers hold KV; 36 DeltaNet layers hold 19.8M state elements, whatever the context.
+    hybrid = load_metadata("qwen3-next-80b-a3b").config
+    state = 19_759_104 * 2
+    assert mm.kv_cache_bytes(hybrid, 1, 0, dtype="bfloat16") == state + 12 * 256 * (2 * 2 * 256) * 2
+    assert mm.kv_cache_bytes(hybrid, 1, 0, dtype="bfloat16", snapshots=1) == 2 * state + 12 * 256 * (2 * 2 * 256) * 2
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "mamba", "deepseek_v2"])
+def test_hybrid_and_mla_cache_bytes_match_the_real_cache_after_a_rolled_back_step(family):
+    """Recurrent state (constant) plus KV on the attention layers only, as mlxspec's real caches hold them after a
+    prefill and a verify pass of 5 positions rolled back by snapshot (recurrent.rewind)."""
+    from family_sweep import build
+
+    from mlxspec.recurrent import leaf_caches, recurrent_leaves, rewind, snapshot
+
+    model = make_tiny(family) if family != "deepseek_v2" else build("deepseek_v2")
+    config = model.config
+    cache = make_speculative_cache(model, max_rollback=5)
+    context = 300
+    model(mx.arange(context)[None] % 8, cache=cache)
+    before = snapshot(recurrent_leaves(cache))
+    model(mx.zeros((1, 5), mx.int32), cache=cache)
+    rewind(cache, before, 5)
+    mx.eval([c.state for c in cache])
+    measured = sum(c.nbytes for c in leaf_caches(cache))
+    predicted = mm.kv_cache_bytes(config, context, rollback=5, dtype="float32")
+    assert measured == predicted, (family, measured, predicted)
+    state = sum(c.nbytes for c in recurrent_leaves(cache))
+    snapshots = mm.kv_cache_bytes(config, context, rollback=5, dtype="float32", snapshots=3)
+    assert snapshots == predicted + 3 * state
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -190,3 +190,14 @@ def test_speculative_samples_on_a_hybrid_follow_the_target_distribution(sampling
     assert replayed > 300  # the replay path ran in many of the runs
     assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
     assert chi_square_pvalue(counts, exact_joint(draft, prompt, sampling, length)) < ALPHA
+
+
+def test_cli_plans_recurrent_and_hybrid_models(mamba_dir):
+    for model in (mamba_dir, "qwen3-next-80b-a3b"):
+        run = subprocess.run(
+            [sys.executable, "-m", "mlxspec", "plan", "--model", str(model), "--device", "m4-max-128gb"],
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+        assert "recurrent state" in run.stdout
