@@ -151,7 +151,7 @@ class Speculator:
 
             tokens, healed_text, first_token_mask = heal_prompt(self.tokenizer, tokens)
         stats.seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
-        options, tree_note = self._chain_if_recurrent(options)
+        options, tree_note = self._chain_if_no_trees(options)
         drafter, controller, stats.note = self._drafting(options)
         stats.note = stats.note or tree_note
         stats.mode = describe_drafter(drafter, options)
@@ -204,23 +204,26 @@ class Speculator:
             stats.peak_memory_bytes = mx.get_peak_memory()
             yield Chunk(piece, new_tokens, finish)
 
-    def _chain_if_recurrent(self, options: DecodeOptions) -> tuple[DecodeOptions, str]:
-        """Trees would need one recurrent state per branch: on such a target, draft a chain as deep, with a note."""
+    def _chain_if_no_trees(self, options: DecodeOptions) -> tuple[DecodeOptions, str]:
+        """A tree on a target that cannot verify one drafts a chain as deep instead, with a note saying why."""
         wants_tree = options.tree_topk > 1 or (options.lookup and options.lookup_candidates > 1)
         if not wants_tree:
             return options, ""
+        from .caches import make_speculative_cache, model_family, recurrent_family
+        from .tree_attention import tree_supported
+
+        model, family = self.target.model, model_family(self.target.model)
         if self._recurrent is None:
-            from .caches import recurrent_family
-
-            self._recurrent = recurrent_family(self.target.model)
-        if not self._recurrent:
+            self._recurrent = recurrent_family(model)
+        if self._recurrent:
+            why = f"{family} keeps recurrent state, which a tree would need per branch"
+        elif not tree_supported(model, lambda: make_speculative_cache(model, max_rollback=4)):
+            why = f"{family} takes positions or masks in a way mlxspec's tree pass cannot drive (checked on this model)"
+        else:
             return options, ""
-        from .caches import model_family
-
         depth = options.num_draft if options.adaptive else options.depth
         chain = options.updated(tree_topk=1, tree_nodes=None, lookup_candidates=1, num_draft=depth)
-        family = model_family(self.target.model)
-        return chain, f"{family} keeps recurrent state, which a tree would need per branch; drafting a chain instead"
+        return chain, f"{why}; drafting a chain instead"
 
     def _drafting(self, options: DecodeOptions) -> tuple[Drafter | None, Any, str]:
         """(drafter, adaptive controller, a note when falling back to plain decoding) for these options."""

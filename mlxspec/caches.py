@@ -21,7 +21,6 @@ from mlx_lm.models.cache import (
 )
 
 from .errors import UserError
-from .memory_model import kv_group_size_for
 from .recurrent import leaf_caches, recurrent_leaves, trim_attention
 
 
@@ -97,18 +96,6 @@ class WindowKVCache(KVCache):
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
-def head_dim(model: nn.Module) -> int:
-    """The attention head size mlx-lm uses: head_dim where the config gives it, else hidden_size / heads. Models
-    that wrap a text model (Qwen3.5, Gemma 3) keep these in their text config."""
-    args = getattr(model, "args", None)
-    text = getattr(args, "text_config", None)
-    config = text if isinstance(text, dict) else vars(args) if args is not None else {}
-    if config.get("head_dim"):
-        return config["head_dim"]
-    heads = config.get("num_attention_heads")
-    return config["hidden_size"] // heads if heads and config.get("hidden_size") else 64
-
-
 def model_family(model: nn.Module) -> str:
     args = getattr(model, "args", None)
     return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
@@ -123,15 +110,45 @@ def make_speculative_cache(
     it changes what the model computes). Recurrent layers (`ArraysCache`) are kept as they are: they roll back by
     snapshot (recurrent.py). A layer cache of any other kind is refused by name when drafting.
     """
-    kv_group_size = kv_group_size_for(head_dim(model)) if kv_bits else None
-    if kv_bits and kv_group_size is None:
-        raise UserError(
-            f"{model_family(model)} has head_dim {head_dim(model)}, which MLX cannot quantize; drop --kv-bits"
-        )
+    kv_group_size = quantization_group(model) if kv_bits else None
     convert = lambda c: _rollback_safe(model, c, max_rollback, kv_bits, kv_group_size, window)  # noqa: E731
-    return [
+    layers = lambda: [  # noqa: E731
         CacheList(*map(convert, c.caches)) if isinstance(c, CacheList) else convert(c) for c in make_prompt_cache(model)
     ]
+    if kv_bits:
+        _check_quantized_attention(model, layers())
+    return layers()
+
+
+def kv_widths(model: nn.Module) -> set[int]:
+    """The last dimension of every cached key and value, read off one lazy forward (shapes only, nothing computed)."""
+    probe = make_prompt_cache(model)
+    model(mx.zeros((1, 1), dtype=mx.int32), cache=probe)
+    leaves = [c for c in leaf_caches(probe) if not isinstance(c, ArraysCache)]
+    return {
+        a.shape[-1] for c in leaves for a in (getattr(c, "keys", None), getattr(c, "values", None)) if a is not None
+    }
+
+
+def quantization_group(model: nn.Module) -> int:
+    """The KV quantization group dividing every key and value width (MLA keys and values differ), or a refusal."""
+    widths = kv_widths(model)
+    group = next((g for g in (64, 32) if all(w % g == 0 for w in widths)), None)
+    if group is None:
+        shown = ", ".join(map(str, sorted(widths)))
+        family = model_family(model)
+        raise UserError(f"{family} has head_dim {shown} in its KV cache, which MLX cannot quantize; drop --kv-bits")
+    return group
+
+
+def _check_quantized_attention(model: nn.Module, cache: list[Any]) -> None:
+    """Some families compute attention themselves on plain arrays; a lazy forward shows it without computing."""
+    try:
+        model(mx.zeros((1, 2), dtype=mx.int32), cache=cache)
+    except (AttributeError, TypeError, ValueError) as error:
+        raise UserError(
+            f"{model_family(model)} computes attention itself, which quantized KV caches do not support; drop --kv-bits"
+        ) from error
 
 
 def _rollback_safe(

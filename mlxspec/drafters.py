@@ -55,6 +55,11 @@ class Drafter(Protocol):
         """The target's final hidden state at the last kept position (lazy); only for uses_target_hidden."""
 
 
+# What tracing the compiled draft chain raises on a family it cannot cover (an attention that reads a cache
+# method the static cache lacks, or evaluates during the trace).
+UNTRACEABLE = (AttributeError, TypeError, ValueError)
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -88,18 +93,25 @@ class DraftModelDrafter(Drafter):
         if compiled and kv_bits is None and kv_window is None and supports_compiled_draft(model):
             self.compiled = CompiledDraftChain(model, sampling, tree_topk)
         # A windowed draft cache bounds the draft's memory; it only changes proposals, never the output law.
-        self.cache = (
-            []
-            if self.compiled
-            else make_speculative_cache(model, max_rollback=max_draft + 1, kv_bits=kv_bits, window=kv_window)
-        )
-        # Recurrent draft layers roll back to the snapshot taken after each single-token step of the chain.
-        self.recurrent = recurrent_leaves(self.cache)
-        self._snapshots: list[Snapshot] = []  # [j]: the recurrent state after the chain's j-th forward
-        self.fed = 0  # tokens the eager cache holds (a recurrent layer has no offset to read)
+        self._cache_options = dict(max_rollback=max_draft + 1, kv_bits=kv_bits, window=kv_window)
+        self._use_eager_cache([] if self.compiled else make_speculative_cache(model, **self._cache_options))
         self.history: list[int] = []  # every committed token, prompt included
         self._chain_nodes: list[int] = []  # node indices (1-based) of the tokens fed back into the draft
         self.calls = 0
+
+    def _use_eager_cache(self, cache: list) -> None:
+        self.cache = cache
+        # Recurrent draft layers roll back to the snapshot taken after each single-token step of the chain.
+        self.recurrent = recurrent_leaves(cache)
+        self._snapshots: list[Snapshot] = []  # [j]: the recurrent state after the chain's j-th forward
+        self.fed = 0  # tokens the eager cache holds (a recurrent layer has no offset to read)
+
+    def _go_eager(self) -> None:
+        """Some families cannot run the compiled chain (their attention reads or evaluates the cache its own way;
+        found by the family sweep): draft eagerly instead, rebuilding the cache from the history."""
+        self.compiled = None
+        self._use_eager_cache(make_speculative_cache(self.model, **self._cache_options))
+        self._prefill_eagerly()
 
     def _offset(self) -> int:
         return self.compiled.offset if self.compiled else self.fed
@@ -110,8 +122,15 @@ class DraftModelDrafter(Drafter):
     def prefill(self, prompt: list[int], chunk: int = 512) -> None:
         self.history = list(prompt)
         if self.compiled:
-            self.compiled.prefill(self._pending()[:-1], chunk)
-            return
+            try:
+                self.compiled.prefill(self._pending()[:-1], chunk)
+                return
+            except UNTRACEABLE:
+                self._go_eager()
+                return
+        self._prefill_eagerly(chunk)
+
+    def _prefill_eagerly(self, chunk: int = 512) -> None:
         while len(self._pending()) > 1:
             todo = self._pending()[: min(chunk, len(self._pending()) - 1)]
             self.model(mx.array(todo)[None], cache=self.cache)
@@ -121,8 +140,11 @@ class DraftModelDrafter(Drafter):
     def propose(self, num_tokens: int, key: mx.array | None) -> Draft:
         k, greedy = self.tree_topk, self.sampling.greedy
         if self.compiled:
-            tokens, probs = self.compiled.propose(self._pending(), num_tokens, None if greedy or k > 1 else key)
-            return self._draft(tokens, probs, num_tokens)
+            try:
+                tokens, probs = self.compiled.propose(self._pending(), num_tokens, None if greedy or k > 1 else key)
+                return self._draft(tokens, probs, num_tokens)
+            except UNTRACEABLE:
+                self._go_eager()
         inputs = mx.array(self._pending(), dtype=mx.int32)
         keys = None if greedy or k > 1 else mx.random.split(key, num_tokens)
         tokens, probs = [], []

@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .recurrent import is_recurrent, leaf_caches
 from .trees import TreeShape, ancestor_mask
 
 
@@ -100,14 +101,15 @@ def tree_verification(model: nn.Module, cache: list[Any], shape: TreeShape, pref
     caches are exactly as before (nothing stays patched)."""
     context = TreeContext(prefix_length + mx.array(shape.depths), ancestor_mask(shape))
     wrapped = wrap_ropes(model, context)
-    for layer_cache in cache:
+    attention = [c for c in leaf_caches(cache) if not is_recurrent(c)]
+    for layer_cache in attention:
         layer_cache.make_mask = partial(_tree_make_mask, layer_cache, context)  # instance attribute wins
     try:
         yield
     finally:
         for module, rope in wrapped:
             module["rope"] = rope
-        for layer_cache in cache:
+        for layer_cache in attention:
             del layer_cache.make_mask
 
 
@@ -121,9 +123,35 @@ def _select(buffer: Any, start: int, index: mx.array) -> Any:
 def keep_tree_path(cache: list[Any], prefix_length: int, keep: list[int]) -> None:
     """After a tree pass, keep the prefix and the kept nodes (tree indices, root first) contiguously; drop the rest."""
     index = mx.array(keep)
-    for layer_cache in cache:
+    for layer_cache in leaf_caches(cache):
         start = prefix_length - getattr(layer_cache, "start", 0)  # where the tree begins in the stored buffer
         if keep != list(range(len(keep))):
             layer_cache.keys = _select(layer_cache.keys, start, index)
             layer_cache.values = _select(layer_cache.values, start, index)
         layer_cache.offset = prefix_length + len(keep)
+
+
+# Families a tree pass has been checked on, by model: (weak reference, whether it gave each node its path's logits).
+_TREE_CHECKED: dict[int, tuple[weakref.ref, bool]] = {}
+
+
+def tree_supported(model: nn.Module, make_cache) -> bool:
+    """Whether one tree pass gives a node the logits of its own path on this model, checked once per model.
+
+    Families whose positions or masks do not come from `cache.offset`, `cache.make_mask` and a `rope` module
+    (learned position tables, hand-written attention) would otherwise verify trees wrongly. The check: after a
+    3-token prefix, a root with two children; the second child must see the prefix and the root only, at depth 1,
+    exactly as decoding [prefix, root, child] does. `make_cache` builds a fresh rollback-safe cache."""
+    entry = _TREE_CHECKED.get(id(model))
+    if entry is not None and entry[0]() is model:
+        return entry[1]
+    prefix, nodes = [0, 1, 2], [3, 1, 2]
+    cache = make_cache()
+    model(mx.array(prefix)[None], cache=cache)
+    with tree_verification(model, cache, TreeShape((-1, 0, 0)), len(prefix)):
+        tree_logits = model(mx.array(nodes)[None], cache=cache)[0, 2]
+    path_logits = model(mx.array(prefix + [nodes[0], nodes[2]])[None], cache=make_cache())[0, -1]
+    scale = mx.abs(path_logits).max() + 1e-6
+    supported = bool((mx.abs(tree_logits - path_logits).max() / scale < 1e-3).item())
+    _TREE_CHECKED[id(model)] = (weakref.ref(model), supported)
+    return supported
