@@ -94,16 +94,32 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--corrupt", type=float, default=0.2)
     args = parser.parse_args()
-    shape = dict(hidden_size=256, num_hidden_layers=8, intermediate_size=512, num_attention_heads=8,
-                 num_key_value_heads=2, vocab_size=512, head_dim=32)
-    linear = dict(linear_num_value_heads=4, linear_num_key_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-                  full_attention_interval=2)
+    shape = dict(
+        hidden_size=256,
+        num_hidden_layers=8,
+        intermediate_size=512,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=512,
+        head_dim=32,
+    )
+    linear = dict(
+        linear_num_value_heads=4,
+        linear_num_key_heads=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        full_attention_interval=2,
+    )
     k = args.num_draft
-    print(f"targets: 8 layers x 256, vocab 512, float32 (qwen3_5: 4 gated-DeltaNet + 4 attention layers; llama: 8 "
-          f"attention layers); greedy, k={k}, {args.tokens} tokens, median of {args.repeats}; drafter: the target's "
-          f"own continuation, each token wrong with probability {args.corrupt} (drafting costs nothing)")
-    print(f"{'target, mode':44} {'tok/s':>7} {'vs plain':>8} {'alpha':>6} {'tau':>5} {'mean width':>10} "
-          f"{'replayed':>8} {'alone':>5}  widths")
+    print(
+        f"targets: 8 layers x 256, vocab 512, float32 (qwen3_5: 4 gated-DeltaNet + 4 attention layers; llama: 8 "
+        f"attention layers); greedy, k={k}, {args.tokens} tokens, median of {args.repeats}; drafter: the target's "
+        f"own continuation, each token wrong with probability {args.corrupt} (drafting costs nothing)"
+    )
+    print(
+        f"{'target, mode':44} {'tok/s':>7} {'vs plain':>8} {'alpha':>6} {'tau':>5} {'mean width':>10} "
+        f"{'replayed':>8} {'alone':>5}  widths"
+    )
     for family, extra in (("qwen3_5", linear), ("llama", {})):
         target = make_tiny(family, seed=0, logit_scale=2.0, **shape, **extra)
         plain = run(target, None, args.tokens, k, None)
@@ -122,9 +138,11 @@ def main() -> None:
             plain_rate = plain_rate or result["tok_s"]
             label = f"{family}, {name if family == 'qwen3_5' or name == 'plain' else 'speculative (no replay)'}"
             widths = dict(list(result["widths"].items())[:12])
-            print(f"{label:44} {result['tok_s']:7.1f} {result['tok_s'] / plain_rate:7.2f}x {result['alpha']:6.2f} "
-                  f"{result['tau']:5.2f} {result['mean_width']:10.2f} {result['replayed']:8d} {result['catch_up']:5d}"
-                  f"  {widths}{' ...' if len(result['widths']) > 12 else ''}")
+            print(
+                f"{label:44} {result['tok_s']:7.1f} {result['tok_s'] / plain_rate:7.2f}x {result['alpha']:6.2f} "
+                f"{result['tau']:5.2f} {result['mean_width']:10.2f} {result['replayed']:8d} {result['catch_up']:5d}"
+                f"  {widths}{' ...' if len(result['widths']) > 12 else ''}"
+            )
     mx.clear_cache()
 
 

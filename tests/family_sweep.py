@@ -136,13 +136,14 @@ def tiny_configs(family: str) -> list[dict]:
     """Configs to try, smallest first."""
     if family not in MLX_LM_CONFIGS:
         return [{**SMALL, **OVERRIDES.get(family, {}), "model_type": family}]
-    config = {"model_type": family, **MLX_LM_CONFIGS[family], "vocab_size": VOCAB, **OVERRIDES.get(family, {})}
-    config = {k: v for k, v in config.items() if v != DROP}
+    overrides = OVERRIDES.get(family, {})
+    config = {"model_type": family, **MLX_LM_CONFIGS[family], "vocab_size": VOCAB}
     shrunk = {k: (min(v, SHRINK[k]) if k in SHRINK and isinstance(v, int) else v) for k, v in config.items()}
     shallow = {**shrunk, "num_hidden_layers": min(4, shrunk.get("num_hidden_layers", 4))}
-    small = {**SMALL, **OVERRIDES.get(family, {}), "model_type": family}
+    small = {**SMALL, "model_type": family}
     # mlx-lm's own config as it stands only where it is already small (a few of its tests build full-size args).
     candidates = [shallow, shrunk, small] + ([config] if config.get("hidden_size", 0) <= 256 else [])
+    candidates = [{k: v for k, v in {**c, **overrides}.items() if v != DROP} for c in candidates]
     return [c for i, c in enumerate(candidates) if c not in candidates[:i]]
 
 
