@@ -10,8 +10,15 @@ import mlx.core as mx
 import mlx.nn as nn
 
 
+def text_model(model: nn.Module) -> nn.Module:
+    """The language model itself: wrappers of vision-language checkpoints (Qwen3.5, Gemma 3, Mistral 3) hold it as
+    `language_model`, with its own `model` and `lm_head`."""
+    return model.language_model if "language_model" in model else model
+
+
 def output_head(model: nn.Module):
     """h -> logits exactly as the model's own __call__ computes them from model.model's output."""
+    model = text_model(model)
     base = model.lm_head if "lm_head" in model else model.model.embed_tokens.as_linear
     cap = getattr(model, "final_logit_softcapping", None)
 
@@ -24,5 +31,5 @@ def output_head(model: nn.Module):
 
 def forward_with_hidden(model: nn.Module, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
     """(final hidden states [B, L, D], logits [B, L, V]) from one forward pass."""
-    hidden = model.model(inputs, cache=cache)
+    hidden = text_model(model).model(inputs, cache=cache)
     return hidden, output_head(model)(hidden)

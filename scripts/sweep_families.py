@@ -7,9 +7,9 @@ Usage: python scripts/sweep_families.py [FAMILY ...]   (default: all; each famil
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,24 +19,9 @@ SYMBOL = {"exact": "✓", "refused": "refused", "mismatch": "MISMATCH", "error":
 
 
 def sweep_one(family: str) -> dict:
-    """One family in a fresh process (a family that crashes MLX cannot take the sweep down)."""
-    code = (
-        "import json, sys; from dataclasses import asdict; from family_sweep import sweep_family; "
-        f"print('RESULT' + json.dumps({{m: asdict(o) for m, o in sweep_family({family!r}).items()}}))"
-    )
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "tests", timeout=180
-        )
-    except subprocess.TimeoutExpired:
-        proc = subprocess.CompletedProcess([], -1, "", "ran past 180 s")
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT"):
-            return json.loads(line[len("RESULT") :])
-    from family_sweep import MODES
+    from family_sweep import sweep_in_subprocess
 
-    reason = f"the sweep process died (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}"
-    return {mode: {"status": "not run", "detail": reason, "drafted": 0, "accepted": 0} for mode in MODES}
+    return {mode: asdict(outcome) for mode, outcome in sweep_in_subprocess(family).items()}
 
 
 def cell(outcome: dict) -> str:

@@ -89,6 +89,12 @@ OVERRIDES: dict[str, dict] = {
     "gemma3": {"text_config": {**SMALL, "model_type": "gemma3_text", "sliding_window_pattern": 2}},
     "mistral3": {"text_config": {**SMALL, "model_type": "mistral"}},
     "llama4": {"text_config": {**SMALL, "model_type": "llama4_text", "attention_chunk_size": 8}},
+    "cohere2": {
+        "num_hidden_layers": 4,
+        "sliding_window_pattern": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
 }
 MLX_LM_CONFIGS = json.loads((Path(__file__).parent / "family_configs.json").read_text())
 
@@ -329,3 +335,26 @@ def sweep_family(family: str, modes=MODES) -> dict[str, Outcome]:
         chosen = noise if mode == "chain" else chosen
         results[mode] = outcome
     return results
+
+
+def sweep_in_subprocess(family: str, modes=MODES, timeout: int = 180) -> dict[str, Outcome]:
+    """sweep_family in a fresh process: a family that crashes MLX (phi3small's tiny config corrupts the heap in
+    mlx-lm 0.32 / MLX 0.32) is reported as such instead of taking the caller down."""
+    import subprocess
+    import sys
+
+    code = (
+        "import json; from dataclasses import asdict; from family_sweep import sweep_family; "
+        f"print('RESULT' + json.dumps({{m: asdict(o) for m, o in sweep_family({family!r}, {tuple(modes)!r}).items()}}))"
+    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        proc = subprocess.CompletedProcess([], -1, "", f"ran past {timeout} s")
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return {mode: Outcome(**fields) for mode, fields in json.loads(line[len("RESULT") :]).items()}
+    reason = f"the sweep process died (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}"
+    return {mode: Outcome("not run", reason) for mode in modes}

@@ -173,21 +173,21 @@ def test_cli_drafts_for_a_hybrid_target(hybrid_dirs):
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)], ids=["T1", "T0.7-top-p"])
 def test_speculative_samples_on_a_hybrid_follow_the_target_distribution(sampling):
-    """Chi-square of 3000 seeded runs (K=2, 3 tokens, so later steps replay what an earlier one rejected after)
+    """Chi-square of 2000 seeded runs (K=2, 3 tokens, so later steps replay what an earlier one rejected after)
     against the enumerated law of the processed hybrid target; false alarm 1e-3. The same counts must reject the
     draft's own law (power check)."""
     target = make_tiny(HYBRID, seed=0, logit_scale=3.0)
     draft = make_tiny(HYBRID, seed=5, logit_scale=3.0)
     prompt, length = [1, 2], 3
     counts, replayed = np.zeros([8] * length), 0
-    for seed in range(3000):
+    for seed in range(2000):
         engines = []
         out = speculative_tokens(
             target, draft, prompt, length, num_draft=2, sampling=sampling, seed=seed, engine_out=engines
         )
         counts[tuple(out)] += 1
         replayed += engines[0].replayed
-    assert replayed > 300  # the replay path ran in many of the runs
+    assert replayed > 200  # the replay path ran in many of the runs
     assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
     assert chi_square_pvalue(counts, exact_joint(draft, prompt, sampling, length)) < ALPHA
 
@@ -201,3 +201,26 @@ def test_cli_plans_recurrent_and_hybrid_models(mamba_dir):
         )
         assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
         assert "recurrent state" in run.stdout
+
+
+def test_medusa_heads_on_a_hybrid_target_equal_mlx_lm():
+    """Medusa reads the target's hidden state from the verify forward; after a replay the rows of the replayed
+    tokens are dropped, and Qwen3.5's wrapper hands over its language model's head (it was read off the wrapper)."""
+    from test_medusa import random_heads
+
+    from mlxspec.medusa import MedusaDrafter
+    from mlxspec.target_features import forward_with_hidden
+
+    target = make_tiny(HYBRID, seed=0)
+    x = mx.array([[1, 2, 3, 4, 5]])
+    assert mx.allclose(forward_with_hidden(target, x, None)[1], target(x), atol=1e-5).item()
+    heads, totals, replayed = random_heads(target), {}, 0
+    for prompt in PROMPTS:
+        engines = []
+        drafter = MedusaDrafter(heads, target, tree_nodes=6, tree_topk=1)
+        got = speculative_tokens(
+            target, None, prompt, 20, num_draft=3, drafter=drafter, engine_out=engines, totals=totals
+        )
+        assert got == mlx_lm_greedy(target, prompt, 20)
+        replayed += engines[0].replayed
+    assert 0 < totals["accepted"] < totals["drafted"] and replayed > 0
