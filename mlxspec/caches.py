@@ -14,6 +14,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import (
     ArraysCache,
     CacheList,
+    ChunkedKVCache,
     KVCache,
     QuantizedKVCache,
     RotatingKVCache,
@@ -177,7 +178,9 @@ def _rollback_safe(
         return WindowKVCache(layer_cache.max_size, slack=max_rollback)
     if type(layer_cache) is KVCache:
         return QuantizedKVCache(kv_group_size, kv_bits) if kv_bits else layer_cache
-    if isinstance(layer_cache, (QuantizedKVCache, ArraysCache)) or max_rollback == 0:
+    # A chunked-attention cache (Llama 4) drops only entries before its current chunk, at the start of a forward, so
+    # the positions a step rolls back are always still there to trim.
+    if isinstance(layer_cache, (QuantizedKVCache, ArraysCache, ChunkedKVCache)) or max_rollback == 0:
         return layer_cache
     raise cannot_roll_back(model, type(layer_cache).__name__)
 
@@ -193,7 +196,7 @@ def cannot_roll_back(model: nn.Module, cache_name: str) -> UserError:
 def rollback_blocker(model: nn.Module) -> str | None:
     """The name of the first layer cache type that neither trims nor restores from a snapshot, or None."""
     for layer_cache in leaf_caches(make_prompt_cache(model)):
-        if not isinstance(layer_cache, (KVCache, RotatingKVCache, QuantizedKVCache, ArraysCache)):
+        if not isinstance(layer_cache, (KVCache, RotatingKVCache, QuantizedKVCache, ArraysCache, ChunkedKVCache)):
             return type(layer_cache).__name__
     return None
 

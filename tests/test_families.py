@@ -19,8 +19,10 @@ HEAVY_MODES = tuple(m for m in MODES if m not in CI_MODES)
 
 
 def check(family: str, modes: tuple[str, ...]) -> None:
-    died = TABLE[family]["no-draft"]["detail"].startswith("the sweep process died")
-    outcomes = sweep_in_subprocess(family, modes) if died else sweep_family(family, modes)
+    # A family no tiny config builds for runs in a process of its own: phi3small's tiny config corrupts MLX's heap,
+    # and crashes the process or raises, at random.
+    unbuilt = TABLE[family]["no-draft"]["status"] == "not run"
+    outcomes = sweep_in_subprocess(family, modes) if unbuilt else sweep_family(family, modes)
     for mode, outcome in outcomes.items():
         assert outcome.status not in ("mismatch", "error"), (mode, outcome)
         assert outcome.status == TABLE[family][mode]["status"], f"README's table is stale for {family} {mode}"
