@@ -80,7 +80,6 @@ class Speculator:
         self.options = (options or DecodeOptions()).validate()
         self._successors = None  # prompt lookup's corpus table, loaded on first use
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
-        self._recurrent: bool | None = None  # whether the target keeps recurrent layer state, once known
         self.last_stats = Stats()
 
     @property
@@ -209,17 +208,10 @@ class Speculator:
         wants_tree = options.tree_topk > 1 or (options.lookup and options.lookup_candidates > 1)
         if not wants_tree:
             return options, ""
-        from .caches import make_speculative_cache, model_family, recurrent_family
-        from .tree_attention import tree_supported
+        from .tree_attention import tree_refusal
 
-        model, family = self.target.model, model_family(self.target.model)
-        if self._recurrent is None:
-            self._recurrent = recurrent_family(model)
-        if self._recurrent:
-            why = f"{family} keeps recurrent state, which a tree would need per branch"
-        elif not tree_supported(model, lambda: make_speculative_cache(model, max_rollback=4)):
-            why = f"{family} takes positions or masks in a way mlxspec's tree pass cannot drive (checked on this model)"
-        else:
+        why = tree_refusal(self.target.model)
+        if why is None:
             return options, ""
         depth = options.num_draft if options.adaptive else options.depth
         chain = options.updated(tree_topk=1, tree_nodes=None, lookup_candidates=1, num_draft=depth)

@@ -22,7 +22,7 @@ from mlx_lm.models.cache import (
 )
 
 from .errors import UserError
-from .recurrent import leaf_caches, recurrent_leaves, trim_attention
+from .recurrent import leaf_caches, probe_cache, recurrent_leaves, trim_attention
 
 
 class WindowKVCache(KVCache):
@@ -123,9 +123,7 @@ def make_speculative_cache(
 
 def kv_widths(model: nn.Module) -> set[int]:
     """The last dimension of every cached key and value, read off one lazy forward (shapes only, nothing computed)."""
-    probe = make_prompt_cache(model)
-    model(mx.zeros((1, 1), dtype=mx.int32), cache=probe)
-    leaves = [c for c in leaf_caches(probe) if not isinstance(c, ArraysCache)]
+    leaves = [c for c in leaf_caches(probe_cache(model)) if not isinstance(c, ArraysCache)]
     return {
         a.shape[-1] for c in leaves for a in (getattr(c, "keys", None), getattr(c, "values", None)) if a is not None
     }

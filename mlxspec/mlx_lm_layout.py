@@ -16,8 +16,6 @@ from functools import lru_cache
 
 from .errors import UserError
 
-KV_STEP = 256  # mlx-lm's KVCache allocates positions in blocks of this many
-
 
 @dataclass(frozen=True)
 class AttentionLayer:
@@ -78,15 +76,12 @@ def _parameter_split(model) -> tuple[int, int, int, int]:
 
 def _cache_shapes(model) -> tuple[tuple[AttentionLayer, ...], int]:
     """Attention layers and recurrent state elements, from one lazy forward over an empty cache."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+    from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
-    from .recurrent import leaf_caches
+    from .recurrent import leaf_caches, probe_cache
 
-    cache = make_prompt_cache(model)
-    model(mx.zeros((1, 1), dtype=mx.int32), cache=cache)  # lazy: shapes only
     layers, state = [], 0
-    for leaf in leaf_caches(cache):
+    for leaf in leaf_caches(probe_cache(model)):
         if isinstance(leaf, ArraysCache):
             state += sum(a.size for a in leaf.cache if a is not None)
         elif isinstance(leaf, (KVCache, RotatingKVCache)) and not isinstance(leaf, QuantizedKVCache):
@@ -122,7 +117,3 @@ def _layout(config_json: str) -> Layout:
 def layout(config: dict) -> Layout:
     """The layout of the mlx-lm model `config` describes (cached per config)."""
     return _layout(json.dumps(config, sort_keys=True))
-
-
-def allocated_tokens(tokens: int) -> int:
-    return -(-tokens // KV_STEP) * KV_STEP

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlx_lm.models.cache import ArraysCache, CacheList
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, CacheList, make_prompt_cache
 
 Snapshot = list[list[Any]]  # per recurrent layer, its state arrays (references; nothing is copied)
 
@@ -61,3 +62,11 @@ def rewind(cache: list[Any], state: Snapshot, num_tokens: int) -> None:
     """Put the cache back to where `state` was taken, `num_tokens` positions ago."""
     restore(recurrent_leaves(cache), state)
     trim_attention(cache, num_tokens)
+
+
+def probe_cache(model) -> list[Any]:
+    """The model's own cache after one lazy forward of one token: every array has its shape, nothing is computed
+    (MLX is lazy), so a 671B model can be probed without allocating it."""
+    cache = make_prompt_cache(model)
+    model(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
+    return cache

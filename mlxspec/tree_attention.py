@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .caches import make_speculative_cache, model_family, recurrent_family
 from .recurrent import is_recurrent, leaf_caches
 from .trees import TreeShape, ancestor_mask
 
@@ -155,3 +156,13 @@ def tree_supported(model: nn.Module, make_cache) -> bool:
     supported = bool((mx.abs(tree_logits - path_logits).max() / scale < 1e-3).item())
     _TREE_CHECKED[id(model)] = (weakref.ref(model), supported)
     return supported
+
+
+def tree_refusal(model: nn.Module) -> str | None:
+    """Why a tree cannot be verified on this model, in words naming its family, or None where it can."""
+    family = model_family(model)
+    if recurrent_family(model):
+        return f"{family} keeps recurrent state, which a tree would need per branch"
+    if not tree_supported(model, lambda: make_speculative_cache(model, max_rollback=4)):
+        return f"{family} takes positions or masks in a way mlxspec's tree pass cannot drive (checked on this model)"
+    return None

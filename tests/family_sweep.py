@@ -16,6 +16,9 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
+from tiny import LINEAR_ATTENTION
+
+from mlxspec.drafters import PromptLookupDrafter
 
 VOCAB = 64
 
@@ -55,12 +58,7 @@ SMALL = {
     # sliding windows
     "sliding_window": 8,
     # linear attention and state-space layers
-    "linear_num_value_heads": 2,
-    "linear_num_key_heads": 2,
-    "linear_key_head_dim": 8,
-    "linear_value_head_dim": 8,
-    "linear_conv_kernel_dim": 4,
-    "full_attention_interval": 2,
+    **LINEAR_ATTENTION,
     "state_size": 4,
     "conv_kernel": 4,
     "time_step_rank": 4,
@@ -228,20 +226,18 @@ class Outcome:
     accepted: int = 0
 
 
-class HintedLookup:
+class HintedLookup(PromptLookupDrafter):
     """Prompt lookup whose history starts with the prompt's tail and the target's continuation with one token
     changed: lookup then copies drafts that are accepted up to that token and rejected at it. Drafters never change
     the output, so a drafter seeing more than the target is still exact."""
 
-    def __new__(cls, continuation: list[int]):
-        from mlxspec.drafters import PromptLookupDrafter
+    def __init__(self, continuation: list[int]):
+        super().__init__()
+        self.hint = list(continuation)
+        self.hint[4] = (self.hint[4] + 1) % VOCAB
 
-        hint = list(continuation)
-        hint[4] = (hint[4] + 1) % VOCAB
-        drafter = PromptLookupDrafter()
-        original_prefill = drafter.prefill
-        drafter.prefill = lambda prompt: original_prefill(prompt[-3:] + hint + [VOCAB - 1] * 3 + list(prompt))
-        return drafter
+    def prefill(self, prompt: list[int]) -> None:
+        super().prefill(prompt[-3:] + self.hint + [VOCAB - 1] * 3 + list(prompt))
 
 
 def quantizable_variant(family: str) -> nn.Module:
@@ -280,11 +276,10 @@ def run_engine(target, drafter, prompt, kv_bits=None, num_draft=3, tree_topk=1) 
 def run_mode(family: str, mode: str, target: nn.Module, draft: nn.Module, noise: float = 0.03) -> Outcome:
     from helpers import greedy_logit_gap, mlx_lm_greedy
 
-    from mlxspec.caches import make_speculative_cache, recurrent_family
     from mlxspec.drafters import DraftModelDrafter
     from mlxspec.errors import UserError
     from mlxspec.sampling import SamplingConfig
-    from mlxspec.tree_attention import tree_supported
+    from mlxspec.tree_attention import tree_refusal
 
     prompt, kv_bits, tree_topk, drafter = PROMPT, None, 1, None
     try:
@@ -293,10 +288,9 @@ def run_mode(family: str, mode: str, target: nn.Module, draft: nn.Module, noise:
         elif mode == "lookup":
             drafter = HintedLookup(mlx_lm_greedy(target, PROMPT, NUM_TOKENS))
         elif mode == "tree":
-            if recurrent_family(target):
-                return Outcome("refused", "recurrent state would be needed per branch; drafts a chain instead")
-            if not tree_supported(target, lambda: make_speculative_cache(target, max_rollback=4)):
-                return Outcome("refused", "the tree pass cannot drive its positions or masks; drafts a chain instead")
+            why = tree_refusal(target)  # what mlxspec's API checks before drafting a tree
+            if why is not None:
+                return Outcome("refused", f"{why}; drafts a chain instead")
             tree_topk = 2
             drafter = DraftModelDrafter(draft, SamplingConfig(), 3, tree_topk=2)
         elif mode == "kv-bits 8":

@@ -126,8 +126,9 @@ def test_prompt_lookup_on_a_recurrent_target_equals_mlx_lm(mamba_dir):
 
 def test_plain_decoding_on_a_recurrent_model_equals_mlx_lm(mamba_dir):
     spec = mlxspec.load(mamba_dir, draft=None)
-    result = spec.generate("abc", max_tokens=12, stop_at_eos=False, use_draft=False)
+    result = spec.generate("abc", max_tokens=12, stop_at_eos=False, lookup=False)
     assert result.tokens == mlx_lm_greedy(spec.target.model, spec.encode("abc"), 12)
+    assert result.stats.mode == "plain" and result.stats.target_calls == 12
 
 
 def test_sampled_plain_decoding_on_a_recurrent_model_repeats_with_its_seed(mamba_dir):
@@ -192,35 +193,19 @@ def test_speculative_samples_on_a_hybrid_follow_the_target_distribution(sampling
     assert chi_square_pvalue(counts, exact_joint(draft, prompt, sampling, length)) < ALPHA
 
 
-def test_cli_plans_recurrent_and_hybrid_models(mamba_dir):
+def test_cli_no_draft_plan_and_budget_work_on_recurrent_and_hybrid_models(mamba_dir, tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "mlxspec", *map(str, a)], capture_output=True, text=True)  # noqa: E731
+    gen = run("generate", "abc", "--model", mamba_dir, "--no-draft", "--max-tokens", 4)
+    assert gen.returncode == 0 and "Traceback" not in gen.stderr, gen.stderr
+    budget = run("generate", "abc", "--model", mamba_dir, "--memory-budget", "8GB", "--max-tokens", 4)
+    assert budget.returncode == 0 and "Traceback" not in budget.stderr, budget.stderr
     for model in (mamba_dir, "qwen3-next-80b-a3b"):
-        run = subprocess.run(
-            [sys.executable, "-m", "mlxspec", "plan", "--model", str(model), "--device", "m4-max-128gb"],
-            capture_output=True,
-            text=True,
-        )
-        assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
-        assert "recurrent state" in run.stdout
-
-
-def test_medusa_heads_on_a_hybrid_target_equal_mlx_lm():
-    """Medusa reads the target's hidden state from the verify forward; after a replay the rows of the replayed
-    tokens are dropped, and Qwen3.5's wrapper hands over its language model's head (it was read off the wrapper)."""
-    from test_medusa import random_heads
-
-    from mlxspec.medusa import MedusaDrafter
-    from mlxspec.target_features import forward_with_hidden
-
-    target = make_tiny(HYBRID, seed=0)
-    x = mx.array([[1, 2, 3, 4, 5]])
-    assert mx.allclose(forward_with_hidden(target, x, None)[1], target(x), atol=1e-5).item()
-    heads, totals, replayed = random_heads(target), {}, 0
-    for prompt in PROMPTS:
-        engines = []
-        drafter = MedusaDrafter(heads, target, tree_nodes=6, tree_topk=1)
-        got = speculative_tokens(
-            target, None, prompt, 20, num_draft=3, drafter=drafter, engine_out=engines, totals=totals
-        )
-        assert got == mlx_lm_greedy(target, prompt, 20)
-        replayed += engines[0].replayed
-    assert 0 < totals["accepted"] < totals["drafted"] and replayed > 0
+        plan = run("plan", "--model", model, "--device", "m4-max-128gb")
+        assert plan.returncode == 0 and "Traceback" not in plan.stderr, plan.stderr
+        assert "recurrent state" in plan.stdout
+    # A family mlx-lm cannot build is refused in one line with exit 2, never guessed.
+    unknown = tmp_path / "config.json"
+    unknown.write_text('{"model_type": "not_a_family", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 8}')
+    refused = run("plan", "--model", unknown)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "model_type 'not_a_family' is not one mlx-lm can build" in refused.stderr

@@ -53,15 +53,19 @@ FAMILIES = {
 # Families whose layers keep recurrent state (an SSM or gated-DeltaNet state that cannot be trimmed), rolled back
 # by snapshot and deferred replay (mlxspec/recurrent.py): mamba is all SSM, qwen3_5 a linear-attention layer then a
 # full-attention one, like Qwen3.5/3.6.
+# Gated-DeltaNet layer sizes (Qwen3.5/3.6, Qwen3-Next), shared with the family sweep's small config.
+LINEAR_ATTENTION = {
+    "linear_num_value_heads": 2,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 2,
+}
 RECURRENT_FAMILIES = {
     "mamba": {"state_size": 4, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "time_step_rank": 4},
     "qwen3_5": {
-        "linear_num_value_heads": 2,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 8,
-        "linear_value_head_dim": 8,
-        "linear_conv_kernel_dim": 4,
-        "full_attention_interval": 2,
+        **LINEAR_ATTENTION,
         "head_dim": 8,
         "rope_parameters": {"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
     },
