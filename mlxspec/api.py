@@ -27,10 +27,20 @@ class SlowBLASWarning(RuntimeWarning):
 
 def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
     """What drafted, in words, for -v, --json and stats.mode."""
+    from .feature_drafter import FeatureDrafter
     from .medusa import MedusaDrafter
 
     tree = f" tree {options.depth}x{options.tree_topk}" if options.tree_topk > 1 else ""
-    names = {DraftModelDrafter: "draft model", PromptLookupDrafter: "prompt lookup", MedusaDrafter: "medusa heads"}
+    if isinstance(drafter, FeatureDrafter) and options.tree_topk > 1:
+        tree = f" dynamic tree {drafter.max_nodes} nodes, beam {options.tree_topk}"
+    names = {
+        DraftModelDrafter: "draft model",
+        PromptLookupDrafter: "prompt lookup",
+        MedusaDrafter: "medusa heads",
+        FeatureDrafter: "feature head",
+    }
+    if isinstance(drafter, FeatureDrafter):
+        names[FeatureDrafter] = "eagle head" if drafter.wired.head.config.kind == "eagle" else "mtp head"
     if drafter is None:
         return "plain"
     inner = getattr(drafter, "model", None)
@@ -69,14 +79,17 @@ class Speculator:
         draft: LoadedModel | None = None,
         medusa=None,
         options: DecodeOptions | None = None,
+        feature_head=None,
     ):
         if draft is not None:
             check_compatible(target, draft)
-        if draft is not None and medusa is not None:
-            raise UserError("a draft model and Medusa heads are two drafters; pass one of them")
+        given = [name for name, x in (("a draft model", draft), ("Medusa heads", medusa), ("a feature head", feature_head)) if x is not None]
+        if len(given) > 1:
+            raise UserError(f"{given[0]} and {given[1]} are two drafters; pass one of them")
         self.target = target
         self.draft = draft
         self.medusa = medusa  # MedusaHeads or None
+        self.feature_head = feature_head  # feature_head.FeatureHead (EAGLE or MTP) or None
         self.options = (options or DecodeOptions()).validate()
         self._successors = None  # prompt lookup's corpus table, loaded on first use
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
@@ -220,8 +233,9 @@ class Speculator:
     def _drafting(self, options: DecodeOptions) -> tuple[Drafter | None, Any, str]:
         """(drafter, adaptive controller, a note when falling back to plain decoding) for these options."""
         from .caches import rollback_blocker
+        from .feature_drafter import FeatureDrafter
 
-        wants_model = options.use_draft and (self.draft is not None or self.medusa is not None)
+        wants_model = options.use_draft and any(x is not None for x in (self.draft, self.medusa, self.feature_head))
         if not (wants_model or options.lookup):
             return make_drafter(options), None, ""  # None, or the refusal of a tree with nothing to branch
         if self._blocker is None:  # the target's cache layout does not change: look once
@@ -241,12 +255,13 @@ class Speculator:
             medusa=self.medusa,
             target_model=self.target.model,
             successors=successors,
+            feature_head=self.feature_head,
         )
         controller = None
         if (
             options.adaptive
             and options.tree_topk == 1
-            and isinstance(drafter, (DraftModelDrafter, PromptLookupDrafter))
+            and isinstance(drafter, (DraftModelDrafter, PromptLookupDrafter, FeatureDrafter))
         ):
             controller = self.draft_length_controller(
                 options.depth, with_draft=isinstance(drafter, DraftModelDrafter), kernel=options.kernel
@@ -283,7 +298,7 @@ class Speculator:
         return GenerationResult("".join(pieces), tokens, self.last_stats, finish)
 
 
-LOAD_KEYS = ("num_draft", "quantize_target", "kv_bits", "draft_window", "medusa", "draft_bits")
+LOAD_KEYS = ("num_draft", "quantize_target", "kv_bits", "draft_window", "medusa", "draft_bits", "eagle", "mtp")
 
 
 def load(
@@ -296,24 +311,31 @@ def load(
     medusa: str | Path | None = None,
     options: DecodeOptions | None = None,
     draft_bits: int | None = None,
+    eagle: str | Path | None = None,
+    mtp: str | Path | bool | None = None,
 ) -> Speculator:
     """Load a target and a drafter once.
 
     draft="auto": the embedded draft with the embedded target; with any other target no draft model, and prompt
     lookup drafts instead (free, and skipped where it cannot pay). draft=None: no drafter unless options ask.
-    num_draft, kv_bits and draft_window become the default DecodeOptions of every call.
+    num_draft, kv_bits and draft_window become the default DecodeOptions of every call. eagle: a directory written
+    by `train-heads --kind eagle`; mtp: True for the native MTP head in the model's own files, or a directory or
+    repo of the original checkpoint that holds it.
     """
     options = (options or DecodeOptions()).updated(num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window)
     options = options.validate()
     for name, bits in (("quantize_target", quantize_target), ("draft_bits", draft_bits)):
         if bits not in (None, 4, 8):
             raise UserError(f"{name} {bits!r} is not supported; use 4 or 8")
-    if draft not in (None, "auto") and medusa is not None:
-        raise UserError("a draft model and Medusa heads are two drafters; pass one of them")
+    heads_given = [n for n, x in (("medusa", medusa), ("eagle", eagle), ("mtp", mtp)) if x not in (None, False)]
+    if draft not in (None, "auto"):
+        heads_given.insert(0, "draft")
+    if len(heads_given) > 1:
+        raise UserError(f"{heads_given[0]} and {heads_given[1]} are two drafters; pass one of them")
     target = load_model(model or DEFAULT_TARGET, quantize_bits=quantize_target)
     if draft == "auto":
-        draft = DEFAULT_DRAFT if model is None and medusa is None else None
-        if draft is None and medusa is None and not options.lookup:
+        draft = DEFAULT_DRAFT if model is None and not heads_given else None
+        if draft is None and not heads_given and not options.lookup:
             options = options.updated(lookup=True)
     draft_model = load_model(draft, quantize_bits=draft_bits) if draft is not None else None
     heads = None
@@ -321,8 +343,17 @@ def load(
         from .medusa import load_medusa
 
         heads = load_medusa(medusa, target.path)
+    feature_head = None
+    if eagle is not None:
+        from .feature_head import load_head
+
+        feature_head = load_head(eagle, target.path)
+    elif mtp not in (None, False):
+        from .mtp_weights import load_mtp_head
+
+        feature_head = load_mtp_head(target, None if mtp is True else mtp, bits=quantize_target)
     warn_if_slow_blas()
-    return Speculator(target, draft_model, medusa=heads, options=options)
+    return Speculator(target, draft_model, medusa=heads, options=options, feature_head=feature_head)
 
 
 def generate(
@@ -330,6 +361,6 @@ def generate(
 ) -> GenerationResult:
     """One-shot convenience: load (with any of load's keywords), then generate (with any DecodeOptions field)."""
     load_kwargs = {
-        k: kwargs.pop(k) for k in ("num_draft", "quantize_target", "kv_bits", "draft_window", "medusa") if k in kwargs
+        k: kwargs.pop(k) for k in LOAD_KEYS if k in kwargs
     }
     return load(model, draft, **load_kwargs).generate(prompt, **kwargs)

@@ -11,6 +11,8 @@ import click
 from .errors import UserError
 from .platform import reexec_with_openblas
 
+MTP_IN_MODEL = "<model>"  # --mtp with no value: the head is in the model's own files
+
 __all__ = ["cli", "main", "reexec_with_openblas"]
 
 
@@ -175,6 +177,16 @@ def num_draft_option(ctx, param, value):
 )
 @click.option("--no-corpus-fallback", is_flag=True, help="With --lookup: no stdlib bigram guess where nothing repeats.")
 @click.option("--medusa", "medusa_path", default=None, help="Draft with Medusa heads (a train-medusa directory).")
+@click.option("--eagle", "eagle_path", default=None, help="Draft with an EAGLE head (a train-heads --kind eagle directory).")
+@click.option(
+    "--mtp",
+    "mtp_source",
+    is_flag=False,
+    flag_value=MTP_IN_MODEL,
+    default=None,
+    help="Draft with the model's native MTP head: alone, from its own files; or from PATH_OR_REPO of the original "
+    "checkpoint (mlx_lm.convert drops MTP tensors).",
+)
 @click.option("--memory-budget", default=None, help="Plan first (e.g. 8GB) and refuse settings that cannot fit.")
 @click.option("--auto", is_flag=True, help="With --memory-budget: apply the planner's top fix instead of refusing.")
 @click.option("--chat", is_flag=True, help="Apply the tokenizer's chat template.")
@@ -195,9 +207,9 @@ def generate(prompt: str, **params) -> None:
 
 
 def _register_tools() -> None:
-    from . import cli_tools
+    from . import cli_tools, train_command
 
-    for command in (cli_tools.plan, cli_tools.bench, cli_tools.train_medusa_command):
+    for command in (cli_tools.plan, cli_tools.bench, train_command.train_heads, train_command.train_medusa):
         cli.add_command(command)
 
 

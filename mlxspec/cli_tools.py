@@ -1,4 +1,4 @@
-"""`mlxspec plan`, `mlxspec bench` and `mlxspec train-medusa`: the commands around generation."""
+"""`mlxspec plan` and `mlxspec bench`: the commands around generation (training lives in train_command.py)."""
 
 from __future__ import annotations
 
@@ -274,45 +274,3 @@ def plan(
     )
     result = make_plan(request)
     click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
-
-
-@click.command("train-medusa")
-@click.option("--model", default=None, help="Frozen target [default: embedded target].")
-@click.option("--out", "out_dir", required=True, help="Output directory (resumes from its checkpoint).")
-@click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=400, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--seq-len", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--lr", type=float, default=1e-3, show_default=True)
-@click.option(
-    "--data",
-    type=click.Choice(["corpus", "self-distill"]),
-    default="corpus",
-    show_default=True,
-    help="Stdlib text, or the target's own greedy continuations of it.",
-)
-@click.option("--full-lm-heads", is_flag=True, help="Give each head its own LM head (more memory).")
-@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
-def train_medusa_command(model, out_dir, heads, steps, batch_size, seq_len, lr, data, full_lm_heads, seed) -> None:
-    """Train Medusa heads on a frozen target; writes medusa.safetensors and medusa_config.json."""
-    from pathlib import Path
-
-    from .loading import DEFAULT_TARGET, load_model
-    from .medusa_train import MedusaTrainConfig, prepare_out_dir, train_medusa
-
-    config = MedusaTrainConfig(
-        num_heads=heads,
-        steps=steps,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        lr=lr,
-        seed=seed,
-        data=data,
-        shared_lm_head=not full_lm_heads,
-    )
-    config.validate()
-    prepare_out_dir(Path(out_dir))
-    target = load_model(model or DEFAULT_TARGET)
-    config.validate(target.context_length)
-    train_medusa(target, Path(out_dir), config, log=lambda line: click.echo(line, err=True))
-    click.echo(f"saved Medusa heads to {out_dir}")

@@ -52,7 +52,9 @@ class Drafter(Protocol):
         """The step's outcome: the emitted tokens and, as host ints, the tokens this drafter proposed."""
 
     def set_hidden(self, hidden: mx.array | None) -> None:
-        """The target's final hidden state at the last kept position (lazy); only for uses_target_hidden."""
+        """The target's final hidden states [n, D] at the positions its cache just kept, in order (lazy): after the
+        prefill every prompt row but the last, after a step the fed token's row and the kept drafts'. Only called
+        when uses_target_hidden."""
 
 
 # What tracing the compiled draft chain raises on a family it cannot cover (an attention that reads a cache
@@ -297,12 +299,24 @@ def make_drafter(
     medusa: Any = None,
     target_model: nn.Module | None = None,
     successors: np.ndarray | None = None,
+    feature_head: Any = None,
 ) -> Drafter | None:
-    """The drafter `options` ask for: Medusa heads (on target_model) or a draft model, optionally behind prompt
-    lookup (with its corpus table `successors`); None decodes plainly. The one place drafters are wired."""
+    """The drafter `options` ask for: a feature head (EAGLE or MTP) or Medusa heads (on target_model), or a draft
+    model, optionally behind prompt lookup (with its corpus table `successors`); None decodes plainly. The one place
+    drafters are wired."""
     sampling, depth = options.sampling, options.depth
     model_drafter: Drafter | None = None
-    if options.use_draft and medusa is not None:
+    if options.use_draft and feature_head is not None:
+        from .feature_drafter import FeatureDrafter
+        from .feature_head import HeadOnTarget
+
+        model_drafter = FeatureDrafter(
+            HeadOnTarget(feature_head, target_model),
+            sampling,
+            beam=options.tree_topk,
+            max_nodes=options.tree_nodes or depth * options.tree_topk,
+        )
+    elif options.use_draft and medusa is not None:
         from .medusa import MedusaDrafter
 
         model_drafter = MedusaDrafter(

@@ -37,7 +37,7 @@ class StepResult:
     drafted: int  # tokens (chain) or nodes (tree) proposed
     accepted: int
     proposed: list[int] = field(default_factory=list)  # the drafted node tokens as host ints, BFS order
-    last_node: int = 0  # row of this step's target forward at the deepest kept node (-1: its last row)
+    path: list[int] = field(default_factory=list)  # kept drafted nodes (rows of this step's forward), root excluded
 
 
 class SpeculativeEngine:
@@ -103,12 +103,12 @@ class SpeculativeEngine:
     def prefill(self, prompt: list[int]) -> None:
         """Feed all but the last prompt token; the last one is verified together with the first draft."""
         todo = list(prompt[:-1])
-        hidden = None
+        hidden = []
         for start in range(0, len(todo), self.prefill_chunk):
             chunk = mx.array(todo[start : start + self.prefill_chunk])[None]
             if self.wants_hidden:
-                hidden = self.target.model(chunk, cache=self.cache)[0, -1]
-                mx.eval(hidden, [c.state for c in self.cache])
+                hidden.append(forward_with_hidden(self.target, chunk, self.cache)[0][0])
+                mx.eval(hidden[-1], [c.state for c in self.cache])
             else:
                 self.target(chunk, cache=self.cache)
                 mx.eval([c.state for c in self.cache])
@@ -116,8 +116,8 @@ class SpeculativeEngine:
         self.pending = [prompt[-1]]
         if self.drafter is not None:
             self.drafter.prefill(prompt)
-            if self.wants_hidden:
-                self.drafter.set_hidden(hidden)
+            if self.wants_hidden:  # every prompt row but the pending token's (none for a one-token prompt)
+                self.drafter.set_hidden(mx.concatenate(hidden) if hidden else None)
 
     def room(self) -> int | None:
         """Positions left in the target's context once the pending token is fed: drafts may use them, and a
@@ -164,8 +164,8 @@ class SpeculativeEngine:
             self.controller.update(result.drafted, result.accepted)
         if self.drafter is not None:
             self.drafter.accept(result.tokens, result.proposed)
-            if self.wants_hidden:  # the hidden state at the last kept node predicts past the new pending token
-                self.drafter.set_hidden(self._hidden[result.last_node])
+            if self.wants_hidden:  # the hidden states of the kept rows: the fed token's, then the kept drafts'
+                self.drafter.set_hidden(self._hidden[mx.array([0, *result.path], dtype=mx.int32)])
         self._mark("bookkeeping")
         return result
 
@@ -250,7 +250,7 @@ class SpeculativeEngine:
             value = to_host(self._target_samples(logits[-1:], key, ranked=True)[0])[0]
         self._mark("accept")
         self.pending = [] if self._prefetched is not None else [value]
-        return StepResult([value], 0, 0, [], -1)
+        return StepResult([value], 0, 0, [], [])
 
     def _roll_back(self, num_tokens: int) -> None:
         rollback(self.cache, num_tokens)
@@ -293,7 +293,8 @@ class SpeculativeEngine:
         self._mark("accept")
         self._keep(num_draft, proposed[:num_accepted])
         self.pending = [next_token]
-        return StepResult(proposed[:num_accepted] + [next_token], num_draft, num_accepted, proposed, num_accepted)
+        kept = list(range(1, num_accepted + 1))
+        return StepResult(proposed[:num_accepted] + [next_token], num_draft, num_accepted, proposed, kept)
 
     def _accept_chain(self, draft: Draft, target_probs: mx.array, key: mx.array) -> list[mx.array]:
         """[num_accepted [1], next_token [1]] by Leviathan/Chen rejection sampling (acceptance.accept_chain)."""
@@ -344,4 +345,4 @@ class SpeculativeEngine:
             keep_tree_path(self.cache, prefix, [0, *path])
             self.position = prefix + 1 + len(path)
         self.pending = [next_token]
-        return StepResult([proposed[i - 1] for i in path] + [next_token], shape.size - 1, len(path), proposed, deepest)
+        return StepResult([proposed[i - 1] for i in path] + [next_token], shape.size - 1, len(path), proposed, path)

@@ -12,14 +12,21 @@ from .errors import UserError
 from .options import DecodeOptions
 
 
+def drafters_given(p: dict) -> list[str]:
+    """The drafters named on the command line, as the flags that named them."""
+    flags = (("--draft", "draft"), ("--medusa", "medusa_path"), ("--eagle", "eagle_path"), ("--mtp", "mtp_source"))
+    return [f"{flag} {p[key]}" if p[key] != "<model>" else flag for flag, key in flags if p.get(key)]
+
+
 def check_contradictions(p: dict) -> None:
     """Flags that contradict each other, or do nothing without another, are refused instead of ignored."""
-    if p["no_draft"] and (p["draft"] or p["medusa_path"]):
-        given = f"--draft {p['draft']}" if p["draft"] else f"--medusa {p['medusa_path']}"
-        raise UserError(f"--no-draft contradicts {given}; pass one of them")
-    if p["medusa_path"] and p["draft"]:
-        raise UserError("--medusa and --draft are two drafters; pass one of them")
-    if p["draft_bits"] and (p["no_draft"] or p["medusa_path"]):
+    given = drafters_given(p)
+    if p["no_draft"] and given:
+        raise UserError(f"--no-draft contradicts {given[0]}; pass one of them")
+    if len(given) > 1:
+        raise UserError(f"{given[0].split()[0]} and {given[1].split()[0]} are two drafters; pass one of them")
+    heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source")
+    if p["draft_bits"] and (p["no_draft"] or heads):
         raise UserError(f"--draft-bits {p['draft_bits']} quantizes a draft model, and this run has none")
     if p["auto"] and not p["memory_budget"]:
         raise UserError("--auto applies the planner's fix for --memory-budget; pass --memory-budget too (e.g. 8GB)")
@@ -84,7 +91,8 @@ def run_generate(prompt: str, p: dict, echo: Callable) -> None:
     check_contradictions(p)
     options = options_from(p).validate()
     model, draft = p["model"], p["draft"]
-    draft_arg = None if (p["no_draft"] or p["medusa_path"]) else (draft or "auto")
+    heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source")
+    draft_arg = None if (p["no_draft"] or heads) else (draft or "auto")
     settings = {
         "quantize_target": int(p["quantize_target"]) if p["quantize_target"] else None,
         "draft_bits": int(p["draft_bits"]) if p["draft_bits"] else None,
@@ -115,10 +123,12 @@ def run_generate(prompt: str, p: dict, echo: Callable) -> None:
         draft_arg,
         num_draft=options.num_draft,
         medusa=p["medusa_path"],
+        eagle=p.get("eagle_path"),
+        mtp=True if p.get("mtp_source") == "<model>" else p.get("mtp_source"),
         options=options,
         **settings,
     )
-    if model is not None and draft is None and not p["no_draft"] and not p["medusa_path"] and not p["lookup"]:
+    if model is not None and draft is None and not p["no_draft"] and not heads and not p["lookup"]:
         candidates = cached_drafts_with_tokenizer(speculator.target.path)
         if candidates:
             echo(

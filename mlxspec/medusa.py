@@ -128,8 +128,9 @@ class MedusaDrafter(Drafter):
         self.hidden = None
 
     def set_hidden(self, hidden: mx.array | None) -> None:
-        """The target's final hidden state at the token before the pending one (lazy; no sync)."""
-        self.hidden = hidden
+        """The target's final hidden states [n, D] of the rows it kept; the last is the token before the pending one
+        (lazy; no sync)."""
+        self.hidden = None if hidden is None else hidden[-1]
 
     def propose(self, num_tokens: int, key: mx.array) -> Draft | None:
         if self.hidden is None:

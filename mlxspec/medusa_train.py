@@ -53,11 +53,11 @@ class MedusaTrainConfig:
             )
 
 
-def prepare_out_dir(out_dir: Path) -> None:
+def prepare_out_dir(out_dir: Path, config_file: str = CONFIG_FILE) -> None:
     """Make --out, refusing a file, an unwritable place, or finished heads that training would overwrite."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out '{out_dir}' is a file; pass a directory (it is created if missing)")
-    if (out_dir / CONFIG_FILE).exists() and not (out_dir / "checkpoint" / "state.json").exists():
+    if (out_dir / config_file).exists() and not (out_dir / "checkpoint" / "state.json").exists():
         raise UserError(f"--out '{out_dir}' already holds trained heads; pass a new directory or remove them first")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,11 +9,25 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .errors import UserError
+
 
 def text_model(model: nn.Module) -> nn.Module:
     """The language model itself: wrappers of vision-language checkpoints (Qwen3.5, Gemma 3, Mistral 3) hold it as
     `language_model`, with its own `model` and `lm_head`."""
     return model.language_model if "language_model" in model else model
+
+
+FINAL_NORM_NAMES = ("norm", "final_layernorm", "norm_f", "ln_f", "final_norm")
+
+
+def final_norm(model: nn.Module) -> nn.Module:
+    """The norm the model applies after its last layer (what feature heads reuse), found by its mlx-lm name."""
+    inner = text_model(model).model
+    for name in FINAL_NORM_NAMES:
+        if name in inner and isinstance(inner[name], nn.Module):
+            return inner[name]
+    raise UserError(f"cannot find the final norm of {type(inner).__name__} (looked for {', '.join(FINAL_NORM_NAMES)})")
 
 
 def output_head(model: nn.Module):
