@@ -210,6 +210,7 @@ def build_modes(
     medusa_heads=None,
     tree_topk: int = 2,
     tree_depth: int = 4,
+    eagle_head=None,
 ) -> dict[str, RunFn]:
     """Every mode worth comparing, first the baseline (mlx-lm's plain decoding with the same target)."""
     target = speculator.target.model
@@ -247,7 +248,18 @@ def build_modes(
         heads = medusa_heads.config.num_heads
         modes["mlxspec medusa chain"] = mlxspec_mode(medusa, num_draft=heads)
         modes[f"mlxspec medusa tree {2 * heads}n"] = mlxspec_mode(medusa, num_draft=heads, tree_topk=2)
+    if eagle_head is not None and "eagle" in families:
+        eagle = Speculator(speculator.target, None, feature_head=eagle_head, options=speculator.options)
+        for k in ks:
+            modes[f"mlxspec eagle k={k}"] = mlxspec_mode(eagle, num_draft=k)
+        for nodes, beam in EAGLE_TREES:
+            modes[f"mlxspec eagle tree {nodes}n beam {beam}"] = mlxspec_mode(
+                eagle, num_draft=nodes // beam, tree_topk=beam, tree_nodes=nodes
+            )
     return modes
+
+
+EAGLE_TREES = ((8, 2), (16, 4))  # (node budget, beam) of the EAGLE-2 dynamic trees bench compares
 
 
 def profile_split(

@@ -9,7 +9,7 @@ import click
 
 from .errors import UserError
 
-BENCH_MODES = ("mlx-lm", "plain", "draft", "adaptive", "tree", "lookup", "medusa")
+BENCH_MODES = ("mlx-lm", "plain", "draft", "adaptive", "tree", "lookup", "medusa", "eagle")
 
 
 def _read_prompts(path, tokenizer, vocab: int) -> list[list[int]]:
@@ -46,6 +46,7 @@ def _tokens_in_vocab(prompts: list[list[int]], vocab: int, path) -> None:
 @click.option("--model", default=None, help="Target [default: embedded target].")
 @click.option("--draft", default=None, help="Draft [default: embedded draft with the embedded target].")
 @click.option("--medusa", "medusa_path", default=None, help="Medusa heads [default: embedded heads, if shipped].")
+@click.option("--eagle", "eagle_path", default=None, help="EAGLE head [default: the embedded head, if shipped].")
 @click.option(
     "-k",
     "--num-draft",
@@ -57,7 +58,10 @@ def _tokens_in_vocab(prompts: list[list[int]], vocab: int, path) -> None:
 @click.option("--temp", "temps", type=float, multiple=True, help="Temperature(s) [0 and 0.7].")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option(
-    "--modes", default="mlx-lm,plain,draft,adaptive,tree,lookup,medusa", show_default=True, help="Mode families to run."
+    "--modes",
+    default="mlx-lm,plain,draft,adaptive,tree,lookup,medusa,eagle",
+    show_default=True,
+    help="Mode families to run.",
 )
 @click.option("--prompts", "prompts_file", default=None, help="JSONL prompts [default: held-out stdlib files].")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=8, show_default=True)
@@ -85,6 +89,7 @@ def bench(
     model,
     draft,
     medusa_path,
+    eagle_path,
     num_drafts,
     temps,
     top_p,
@@ -133,9 +138,20 @@ def bench(
             raise UserError("Medusa heads fit the target they were trained on, not its widening; drop --medusa")
     elif medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():
         medusa_path = str(MODELS_DIR / "medusa")  # heads fit the target they were trained on, not a widening
+    if eagle_path is None and model is None and (MODELS_DIR / "eagle" / "eagle_config.json").exists():
+        eagle_path = str(MODELS_DIR / "eagle")  # widened with the target below: its function is preserved too
     # The embedded draft with the embedded target; otherwise only what was passed (no default prompt lookup).
     speculator = load(model, draft or ("auto" if model is None else None), num_draft=max(num_drafts))
     speculator.options = speculator.options.updated(kernel=kernel).validate()
+    eagle_head = None
+    if eagle_path:
+        from .feature_head import load_head
+
+        eagle_head = load_head(eagle_path, speculator.target.path)  # checked against the target it was trained on
+        if widen_spec is not None:
+            from .widen import widen_head
+
+            eagle_head = widen_head(eagle_head, widen_spec)
     if widen_spec is not None:
         speculator.target = bench_module.widened_target(speculator.target, widen_spec)
         click.echo(f"# target: {speculator.target.path.name}, {bench_module.parameter_count(speculator.target)}")
@@ -150,14 +166,14 @@ def bench(
         click.echo(verify_curve_report(speculator, kernel=kernel))
         return
     click.echo(verify_cost_line(speculator, max(num_drafts) + 1, kernel=kernel))
-    if speculator.draft is None and heads is None:
-        raise UserError("bench compares drafters; pass --draft or --medusa")
+    if speculator.draft is None and heads is None and eagle_head is None:
+        raise UserError("bench compares drafters; pass --draft, --medusa or --eagle")
     prompts = (
         _read_prompts(prompts_file, speculator.tokenizer, speculator.vocab_size)
         if prompts_file
         else bench_module.heldout_prompts(speculator.tokenizer, num_prompts, prompt_tokens)
     )
-    mode_fns = bench_module.build_modes(speculator, tuple(num_drafts), families, heads)
+    mode_fns = bench_module.build_modes(speculator, tuple(num_drafts), families, heads, eagle_head=eagle_head)
     everything, by_temp = {}, {}
     timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
     click.echo(

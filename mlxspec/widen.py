@@ -102,3 +102,31 @@ def widen(model: nn.Module, config: dict, spec: WidenSpec, seed: int = 0) -> tup
     wide.update(tree_unflatten(list(out.items())))
     mx.eval(wide.parameters())
     return wide, new_config
+
+
+def widen_head(head, spec: WidenSpec):
+    """An EAGLE head of the widened target with the same function: the widened target's features are the original
+    ones zero-padded, so fc reads the live channels of [embedding ; feature] and writes the live channels; the block
+    is widened as the target's layers are."""
+    from .feature_head import FeatureHead, FeatureHeadConfig
+
+    d = head.config.hidden_size
+    block_config = widened_config({**head.config.block_config, "num_hidden_layers": 1}, WidenSpec(1, spec.width))
+    config = FeatureHeadConfig(**{**head.config.__dict__, "block_config": block_config})
+    config.norm_eps = head.config.norm_eps * d / spec.width
+    wide = FeatureHead(config)
+    norm_scale = math.sqrt(d / spec.width)
+    new = dict(tree_flatten(wide.parameters()))
+    out = {}
+    for name, source in tree_flatten(head.parameters()):
+        if name == "fc.weight":  # [d, 2d] -> [W, 2W]: the embedding half, then the feature half
+            wide_fc = mx.zeros(new[name].shape, source.dtype)
+            wide_fc[:d, :d] = source[:, :d]
+            wide_fc[:d, spec.width : spec.width + d] = source[:, d:]
+            out[name] = wide_fc
+        else:
+            scaled = source * norm_scale if name.endswith("norm.weight") else source
+            out[name] = _pad(scaled, new[name].shape)
+    wide.update(tree_unflatten(list(out.items())))
+    mx.eval(wide.parameters())
+    return wide
