@@ -83,7 +83,11 @@ class Speculator:
     ):
         if draft is not None:
             check_compatible(target, draft)
-        given = [name for name, x in (("a draft model", draft), ("Medusa heads", medusa), ("a feature head", feature_head)) if x is not None]
+        given = [
+            name
+            for name, x in (("a draft model", draft), ("Medusa heads", medusa), ("a feature head", feature_head))
+            if x is not None
+        ]
         if len(given) > 1:
             raise UserError(f"{given[0]} and {given[1]} are two drafters; pass one of them")
         self.target = target
@@ -351,7 +355,9 @@ def load(
     elif mtp not in (None, False):
         from .mtp_weights import load_mtp_head
 
-        feature_head = load_mtp_head(target, None if mtp is True else mtp, bits=quantize_target)
+        # Quantized like the target (asked for, or as it was converted): the head's precision changes speed only.
+        bits = quantize_target or (target.config.get("quantization") or {}).get("bits")
+        feature_head = load_mtp_head(target, None if mtp is True else mtp, bits=bits)
     warn_if_slow_blas()
     return Speculator(target, draft_model, medusa=heads, options=options, feature_head=feature_head)
 
@@ -360,7 +366,5 @@ def generate(
     prompt: str | list[int], model: str | Path | None = None, draft: str | Path | None = "auto", **kwargs: Any
 ) -> GenerationResult:
     """One-shot convenience: load (with any of load's keywords), then generate (with any DecodeOptions field)."""
-    load_kwargs = {
-        k: kwargs.pop(k) for k in LOAD_KEYS if k in kwargs
-    }
+    load_kwargs = {k: kwargs.pop(k) for k in LOAD_KEYS if k in kwargs}
     return load(model, draft, **load_kwargs).generate(prompt, **kwargs)

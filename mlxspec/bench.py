@@ -248,12 +248,13 @@ def build_modes(
         heads = medusa_heads.config.num_heads
         modes["mlxspec medusa chain"] = mlxspec_mode(medusa, num_draft=heads)
         modes[f"mlxspec medusa tree {2 * heads}n"] = mlxspec_mode(medusa, num_draft=heads, tree_topk=2)
-    if eagle_head is not None and "eagle" in families:
+    if eagle_head is not None and "eagle" in families:  # an EAGLE head or a native MTP head
+        name = "eagle" if eagle_head.config.kind == "eagle" else "mtp"
         eagle = Speculator(speculator.target, None, feature_head=eagle_head, options=speculator.options)
         for k in ks:
-            modes[f"mlxspec eagle k={k}"] = mlxspec_mode(eagle, num_draft=k)
+            modes[f"mlxspec {name} k={k}"] = mlxspec_mode(eagle, num_draft=k)
         for nodes, beam in EAGLE_TREES:
-            modes[f"mlxspec eagle tree {nodes}n beam {beam}"] = mlxspec_mode(
+            modes[f"mlxspec {name} tree {nodes}n beam {beam}"] = mlxspec_mode(
                 eagle, num_draft=nodes // beam, tree_topk=beam, tree_nodes=nodes
             )
     return modes

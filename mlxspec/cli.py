@@ -177,7 +177,9 @@ def num_draft_option(ctx, param, value):
 )
 @click.option("--no-corpus-fallback", is_flag=True, help="With --lookup: no stdlib bigram guess where nothing repeats.")
 @click.option("--medusa", "medusa_path", default=None, help="Draft with Medusa heads (a train-medusa directory).")
-@click.option("--eagle", "eagle_path", default=None, help="Draft with an EAGLE head (a train-heads --kind eagle directory).")
+@click.option(
+    "--eagle", "eagle_path", default=None, help="Draft with an EAGLE head (a train-heads --kind eagle directory)."
+)
 @click.option(
     "--mtp",
     "mtp_source",

@@ -48,6 +48,9 @@ def _tokens_in_vocab(prompts: list[list[int]], vocab: int, path) -> None:
 @click.option("--medusa", "medusa_path", default=None, help="Medusa heads [default: embedded heads, if shipped].")
 @click.option("--eagle", "eagle_path", default=None, help="EAGLE head [default: the embedded head, if shipped].")
 @click.option(
+    "--mtp", "mtp_source", is_flag=False, flag_value="<model>", default=None, help="The native MTP head (as generate)."
+)
+@click.option(
     "-k",
     "--num-draft",
     "num_drafts",
@@ -90,6 +93,7 @@ def bench(
     draft,
     medusa_path,
     eagle_path,
+    mtp_source,
     num_drafts,
     temps,
     top_p,
@@ -138,13 +142,22 @@ def bench(
             raise UserError("Medusa heads fit the target they were trained on, not its widening; drop --medusa")
     elif medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():
         medusa_path = str(MODELS_DIR / "medusa")  # heads fit the target they were trained on, not a widening
-    if eagle_path is None and model is None and (MODELS_DIR / "eagle" / "eagle_config.json").exists():
+    if (
+        eagle_path is None
+        and mtp_source is None
+        and model is None
+        and (MODELS_DIR / "eagle" / "eagle_config.json").exists()
+    ):
         eagle_path = str(MODELS_DIR / "eagle")  # widened with the target below: its function is preserved too
     # The embedded draft with the embedded target; otherwise only what was passed (no default prompt lookup).
     speculator = load(model, draft or ("auto" if model is None else None), num_draft=max(num_drafts))
     speculator.options = speculator.options.updated(kernel=kernel).validate()
     eagle_head = None
-    if eagle_path:
+    if mtp_source:
+        from .mtp_weights import load_mtp_head
+
+        eagle_head = load_mtp_head(speculator.target, None if mtp_source == "<model>" else mtp_source)
+    elif eagle_path:
         from .feature_head import load_head
 
         eagle_head = load_head(eagle_path, speculator.target.path)  # checked against the target it was trained on

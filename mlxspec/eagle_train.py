@@ -24,7 +24,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from .corpus import split_files
 from .errors import UserError
-from .feature_head import CONFIG_FILE, FeatureHead, HeadOnTarget, new_eagle_head, save_head
+from .feature_head import FeatureHead, HeadOnTarget, new_eagle_head, save_head
 from .loading import LoadedModel
 from .medusa_train import self_distilled_stream, token_stream
 from .target_features import forward_with_hidden
@@ -54,7 +54,9 @@ class EagleTrainConfig:
         if self.seq_len < self.unroll + 8:
             raise UserError(f"--seq-len {self.seq_len} is too short to train; use at least {self.unroll + 8}")
         if context_length is not None and self.seq_len > context_length:
-            raise UserError(f"--seq-len {self.seq_len} is past the model's context of {context_length}; use at most that")
+            raise UserError(
+                f"--seq-len {self.seq_len} is past the model's context of {context_length}; use at most that"
+            )
 
 
 def unrolled_mask(length: int, depths: int) -> mx.array:
@@ -167,8 +169,15 @@ def _schedule(cfg: EagleTrainConfig):
     )
 
 
-def _distilled(target: LoadedModel, stream: np.ndarray, cfg: EagleTrainConfig, sequences: int, seed: int,
-               cached: Path, log: Callable[[str], None]) -> np.ndarray:
+def _distilled(
+    target: LoadedModel,
+    stream: np.ndarray,
+    cfg: EagleTrainConfig,
+    sequences: int,
+    seed: int,
+    cached: Path,
+    log: Callable[[str], None],
+) -> np.ndarray:
     """The target's greedy continuations of `sequences` corpus prompts, cached in `cached` (resumable runs reuse it)."""
     if cached.exists():
         return np.load(cached)
@@ -234,7 +243,9 @@ def train_eagle(
         rate = done * cfg.batch_size * cfg.seq_len / elapsed
         eta = (cfg.steps - state["step"]) * elapsed / done
         kls = " ".join(f"{v:.3f}" for v in kl.tolist())
-        log(f"step {state['step']}/{cfg.steps} loss {loss.item():.3f} KL/depth {kls} {rate:,.0f} tok/s, ETA {eta:.0f} s")
+        log(
+            f"step {state['step']}/{cfg.steps} loss {loss.item():.3f} KL/depth {kls} {rate:,.0f} tok/s, ETA {eta:.0f} s"
+        )
         if state["step"] % 100 == 0 or state["step"] == cfg.steps:
             state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - start
             start, first_step = time.perf_counter(), state["step"]
@@ -246,7 +257,9 @@ def train_eagle(
                 agreement = depth_agreement(wired, target, _windows(heldout, cfg.seq_len), start=64)
                 log(f"held-out greedy acceptance by depth: {' '.join(f'{a:.3f}' for a in agreement)}")
                 with open(out_dir / "curve.jsonl", "a") as f:
-                    f.write(json.dumps({"step": state["step"], "seconds": state["seconds"], "acceptance": agreement}) + "\n")
+                    f.write(
+                        json.dumps({"step": state["step"], "seconds": state["seconds"], "acceptance": agreement}) + "\n"
+                    )
     head.config.acceptance = depth_agreement(wired, target, _windows(heldout, cfg.seq_len), start=64)
     head.config.training = {**asdict(cfg), "seconds": round(state.get("seconds", 0.0))}
     save_head(head, out_dir)

@@ -14,16 +14,15 @@ it, and the result predicts the token x_{t+2}. Two styles share this module:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from .errors import UserError
-from .medusa import base_model_identity
+from .head_files import base_model_identity, save_head_files
 from .mlx_lm_layout import lazy_model
 from .target_features import final_norm, output_head, text_model
 
@@ -108,17 +107,16 @@ def new_eagle_head(target_config: dict, base_dir: Path) -> FeatureHead:
 
 
 def save_head(head: FeatureHead, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    weights = dict(tree_flatten(head.parameters()))
-    mx.save_safetensors(str(out_dir / WEIGHTS_FILE), {k: v.astype(mx.bfloat16) for k, v in weights.items()})
-    (out_dir / CONFIG_FILE).write_text(json.dumps(asdict(head.config), indent=1) + "\n")
+    save_head_files(head, head.config, out_dir, WEIGHTS_FILE, CONFIG_FILE)
 
 
 def load_head(path: str | Path, base_model_dir: Path) -> FeatureHead:
     """Load an EAGLE head and refuse it if it was trained on another base model."""
     path = Path(path)
     if not (path / CONFIG_FILE).exists():
-        raise UserError(f"'{path}' has no {CONFIG_FILE}; pass a directory written by `mlxspec train-heads --kind eagle`")
+        raise UserError(
+            f"'{path}' has no {CONFIG_FILE}; pass a directory written by `mlxspec train-heads --kind eagle`"
+        )
     try:
         config = FeatureHeadConfig(**json.loads((path / CONFIG_FILE).read_text()))
     except (TypeError, json.JSONDecodeError) as error:

@@ -7,33 +7,20 @@ the default) or a head-specific one.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from .drafters import Draft, Drafter
 from .errors import UserError
+from .head_files import base_model_identity, save_head_files
 from .target_features import output_head
 from .trees import TreeShape, rank_paths_parents, sparse_tree
 
 CONFIG_FILE, WEIGHTS_FILE = "medusa_config.json", "medusa.safetensors"
-
-
-def base_model_identity(model_dir: Path) -> str:
-    """A fingerprint of the base model: its config, its safetensors headers and the first MiB of each file's data."""
-    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
-    for path in sorted(model_dir.glob("*.safetensors")):
-        with open(path, "rb") as f:
-            header_len = struct.unpack("<Q", f.read(8))[0]
-            digest.update(f.read(header_len))
-            digest.update(f.read(1 << 20))
-    return digest.hexdigest()
 
 
 @dataclass
@@ -78,10 +65,7 @@ class MedusaHeads(nn.Module):
 
 
 def save_medusa(heads: MedusaHeads, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    weights = dict(tree_flatten(heads.parameters()))
-    mx.save_safetensors(str(out_dir / WEIGHTS_FILE), {k: v.astype(mx.bfloat16) for k, v in weights.items()})
-    (out_dir / CONFIG_FILE).write_text(json.dumps(asdict(heads.config), indent=1) + "\n")
+    save_head_files(heads, heads.config, out_dir, WEIGHTS_FILE, CONFIG_FILE)
 
 
 def load_medusa(path: str | Path, base_model_dir: Path) -> MedusaHeads:

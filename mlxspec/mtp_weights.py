@@ -49,11 +49,24 @@ class MTPLayout:
 
 
 DEEPSEEK = MTPLayout(
-    "model.layers.{n}.", "", "eh_proj", "enorm", "hnorm", "shared_head.norm", shared=("embed_tokens.", "shared_head.head.")
+    "model.layers.{n}.",
+    "",
+    "eh_proj",
+    "enorm",
+    "hnorm",
+    "shared_head.norm",
+    shared=("embed_tokens.", "shared_head.head."),
 )
 QWEN_NEXT = MTPLayout(
-    "mtp.", "layers.0.", "fc", "pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm", feed_normed=True,
-    gemma_norms=True, block_overrides={"full_attention_interval": 1, "mlp_only_layers": []},
+    "mtp.",
+    "layers.0.",
+    "fc",
+    "pre_fc_norm_embedding",
+    "pre_fc_norm_hidden",
+    "norm",
+    feed_normed=True,
+    gemma_norms=True,
+    block_overrides={"full_attention_interval": 1, "mlp_only_layers": []},
 )
 LAYOUTS = {
     "deepseek_v3": DEEPSEEK,
@@ -62,8 +75,14 @@ LAYOUTS = {
     "qwen3_5": QWEN_NEXT,
     "qwen3_5_moe": QWEN_NEXT,
     "mimo": MTPLayout(
-        "model.mtp_layers.0.", "", "input_proj", "token_layernorm", "hidden_layernorm", "final_layernorm",
-        hidden_first=True, feed_normed=True,
+        "model.mtp_layers.0.",
+        "",
+        "input_proj",
+        "token_layernorm",
+        "hidden_layernorm",
+        "final_layernorm",
+        hidden_first=True,
+        feed_normed=True,
     ),
 }
 
@@ -87,7 +106,9 @@ def _shards_holding(directory: Path, prefix: str) -> list[Path]:
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
         return sorted({directory / f for name, f in weight_map.items() if name.startswith(prefix)})
-    return [p for p in sorted(directory.glob("*.safetensors")) if any(n.startswith(prefix) for n in safetensors_names(p))]
+    return [
+        p for p in sorted(directory.glob("*.safetensors")) if any(n.startswith(prefix) for n in safetensors_names(p))
+    ]
 
 
 def _fetch_from_hub(repo: str, prefix: str) -> Path:
@@ -146,6 +167,10 @@ def _block_config(config: dict, layout: MTPLayout, moe: bool) -> dict:
     return {**config, **overrides, "num_hidden_layers": 1}
 
 
+def _quantizable(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) and module.weight.shape[-1] % 64 == 0
+
+
 def load_mtp_head(target: LoadedModel, source: Path | str | None = None, bits: int | None = None) -> FeatureHead:
     """The target's native MTP head from `source` (default: the model's own directory), refused by name when its
     tensors are missing or malformed. bits: quantize its matrices (group 64) as the target's are."""
@@ -163,8 +188,10 @@ def load_mtp_head(target: LoadedModel, source: Path | str | None = None, bits: i
             f"'{where}' holds no MTP tensors ({prefix}*); mlx_lm.convert drops them: pass --mtp with the original "
             "checkpoint's directory or repo"
         )
-    own = {role: f"{prefix}{name}.weight" for role, name in
-           (("fc", layout.fc), ("enorm", layout.enorm), ("hnorm", layout.hnorm), ("norm", layout.norm))}
+    own = {
+        role: f"{prefix}{name}.weight"
+        for role, name in (("fc", layout.fc), ("enorm", layout.enorm), ("hnorm", layout.hnorm), ("norm", layout.norm))
+    }
     missing = [name for name in own.values() if name not in tensors]
     if missing:
         raise UserError(f"the MTP head in '{where}' lacks {missing[0]}; is the checkpoint complete?")
@@ -200,7 +227,7 @@ def load_mtp_head(target: LoadedModel, source: Path | str | None = None, bits: i
     except ValueError as error:
         raise UserError(f"the MTP tensors in '{where}' do not fit a {family} MTP layer ({error})") from None
     head.set_dtype(mx.float32 if on_cpu() else mx.bfloat16)  # CPU matmuls are fast only in float32
-    if bits:
-        nn.quantize(head, group_size=64, bits=bits)
+    if bits:  # matrices whose rows split into groups of 64, as mlx-lm quantizes
+        nn.quantize(head, group_size=64, bits=bits, class_predicate=lambda _, m: _quantizable(m))
     mx.eval(head.parameters())
     return head

@@ -18,6 +18,16 @@ COMMON = [
 ]
 
 
+def data_option(default: str):
+    return click.option(
+        "--data",
+        type=click.Choice(["corpus", "self-distill"]),
+        default=default,
+        show_default=True,
+        help="Stdlib text, or the target's own greedy continuations of it.",
+    )
+
+
 def common_options(function):
     for option in reversed(COMMON):
         function = option(function)
@@ -27,13 +37,7 @@ def common_options(function):
 @click.command("train-heads")
 @click.option("--kind", type=click.Choice(["medusa", "eagle"]), required=True, help="Which heads to train.")
 @common_options
-@click.option(
-    "--data",
-    type=click.Choice(["corpus", "self-distill"]),
-    default="self-distill",
-    show_default=True,
-    help="Stdlib text, or the target's own greedy continuations of it.",
-)
+@data_option("self-distill")
 @click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True, help="Medusa: how many heads.")
 @click.option("--full-lm-heads", is_flag=True, help="Medusa: give each head its own LM head (more memory).")
 @click.option("--unroll", type=click.IntRange(1, 6), default=2, show_default=True, help="EAGLE: depths per step.")
@@ -69,13 +73,7 @@ def train_heads(kind, **params) -> None:
 @click.command("train-medusa")
 @common_options
 @click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True)
-@click.option(
-    "--data",
-    type=click.Choice(["corpus", "self-distill"]),
-    default="corpus",
-    show_default=True,
-    help="Stdlib text, or the target's own greedy continuations of it.",
-)
+@data_option("corpus")
 @click.option("--full-lm-heads", is_flag=True, help="Give each head its own LM head (more memory).")
 def train_medusa(**params) -> None:
     """Train Medusa heads on a frozen target (the same as train-heads --kind medusa)."""
@@ -84,7 +82,8 @@ def train_medusa(**params) -> None:
 
 def _train_medusa(model, out_dir, steps, batch_size, seq_len, lr, seed, data, heads, full_lm_heads, **_) -> None:
     from .loading import DEFAULT_TARGET, load_model
-    from .medusa_train import MedusaTrainConfig, prepare_out_dir, train_medusa as run
+    from .medusa_train import MedusaTrainConfig, prepare_out_dir
+    from .medusa_train import train_medusa as run
 
     config = MedusaTrainConfig(
         num_heads=heads,

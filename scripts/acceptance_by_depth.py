@@ -31,7 +31,11 @@ def measure(target, options: DecodeOptions, prompts, max_tokens: int, **drafter_
     for seed, prompt in enumerate(prompts):
         drafter = make_drafter(options, target_model=target.model, **drafter_args)
         engine = SpeculativeEngine(
-            target.model, drafter, options.sampling, num_draft=options.depth, seed=seed,
+            target.model,
+            drafter,
+            options.sampling,
+            num_draft=options.depth,
+            seed=seed,
             max_nodes=options.tree_nodes or options.depth,
         )
         with verify_kernel.routed(target.model, backend):

@@ -30,7 +30,7 @@ def main() -> None:
     logs = {n: read_log(n) for n in ("target", "draft")}
     sizes = {
         n: sum(f.stat().st_size for f in (MODELS / n).rglob("*") if f.is_file()) / 2**20
-        for n in ("target", "target-4bit", "draft", "medusa")
+        for n in ("target", "target-4bit", "draft", "medusa", "eagle")
         if (MODELS / n).exists()
     }
     medusa = json.loads((MODELS / "medusa" / "medusa_config.json").read_text()) if "medusa" in sizes else None
@@ -158,10 +158,71 @@ def main() -> None:
             f"```bash\n{PRELOAD} mlxspec train-medusa --out models/medusa {meta.get('medusa_args', '')}\n```",
             "",
         ]
+    out += eagle_section(meta, sizes) + medusa_curve_section()
     (MODELS / "README.md").write_text("\n".join(out) + "\n")
     heldout = [p.relative_to(stdlib_root()).as_posix() for p in split_files()[1]]
     (MODELS / "heldout_files.txt").write_text("\n".join(heldout) + "\n")
     print("wrote models/README.md")
+
+
+def eagle_section(meta: dict, sizes: dict) -> list[str]:
+    """The EAGLE head: architecture, per-depth acceptance, the training curve, time and command."""
+    path = MODELS / "eagle" / "eagle_config.json"
+    if not path.exists():
+        return []
+    config = json.loads(path.read_text())
+    training = config["training"]
+    acc = config["acceptance"]
+    out = [
+        "## EAGLE head (`eagle/`)",
+        "",
+        f"One llama decoder layer of the target's own shape on fc([embed(x_(t+1)) ; f_t]), through the target's "
+        f"final norm and tied LM head (shared, not copied); {sizes.get('eagle', 0):.1f} MiB. Trained with the "
+        f"target frozen on its own greedy continuations of {training['distill_sequences']} training-file prompts, "
+        f"{training['steps']} steps of {training['batch_size']} x {training['seq_len']} tokens, {training['unroll']} "
+        f"depths unrolled per step (training-time test), KL to the target's distribution plus smooth-L1 on the "
+        f"feature; {training['seconds'] / 60:.0f} CPU-minutes. `eagle_config.json` records the base model's "
+        "fingerprint, and loading refuses other bases.",
+        "",
+        "Greedy acceptance by depth, teacher-forced on the target's own greedy continuations of "
+        f"{training['eval_windows']} held-out prompts (depth d: the head's d-th chained draft is the target's token, "
+        "given the d-1 before it were):",
+        "",
+        "| depth | " + " | ".join(str(d + 1) for d in range(len(acc))) + " |",
+        "|---|" + "---|" * len(acc),
+        "| acceptance | " + " | ".join(f"{a:.3f}" for a in acc) + " |",
+        "",
+    ]
+    curve = MODELS / "training_logs" / "eagle_curve.jsonl"
+    if curve.exists():
+        out += ["| step | minutes | depth 1 | depth 2 | depth 3 | depth 6 |", "|---|---|---|---|---|---|"]
+        for line in curve.read_text().splitlines():
+            r = json.loads(line)
+            a = r["acceptance"]
+            out.append(f"| {r['step']} | {r['seconds'] / 60:.0f} | {a[0]:.3f} | {a[1]:.3f} | {a[2]:.3f} | {a[5]:.3f} |")
+        out.append("")
+    out += [
+        f"```bash\n{PRELOAD} mlxspec train-heads --kind eagle --out models/eagle {meta.get('eagle_args', '')}\n```",
+        "",
+    ]
+    return out
+
+
+def medusa_curve_section() -> list[str]:
+    curve = MODELS / "training_logs" / "medusa_curve.jsonl"
+    if not curve.exists():
+        return []
+    out = [
+        "Medusa head-1 (token t+2) accuracy against held-out text during the run (64 windows, "
+        "`scripts/medusa_curve.py`):",
+        "",
+        "| step | head-1 top-1 | head-2 top-1 |",
+        "|---|---|---|",
+    ]
+    for line in curve.read_text().splitlines():
+        r = json.loads(line)
+        out.append(f"| {r['step']} | {r['topk_accuracy'][0][0]:.3f} | {r['topk_accuracy'][1][0]:.3f} |")
+    return out + [""]
 
 
 if __name__ == "__main__":

@@ -62,8 +62,9 @@ def test_greedy_eagle_on_a_hybrid_target_equals_plain_greedy():
 
     engines, totals = [], {}
     for prompt in PROMPTS:
-        got = speculative_tokens(target, None, prompt, 20, num_draft=3, drafter=drafter_for(head, target),
-                                 engine_out=engines, totals=totals)
+        got = speculative_tokens(
+            target, None, prompt, 20, num_draft=3, drafter=drafter_for(head, target), engine_out=engines, totals=totals
+        )
         assert_greedy_equal(target, prompt, got, mlx_lm_greedy(target, prompt, 20))
     assert totals["drafted"] > totals["accepted"] and sum(e.replayed for e in engines) > 0
 
@@ -76,8 +77,9 @@ def test_a_copying_head_has_its_drafts_accepted(family, beam):
     totals, engines = {}, []
     prompt = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
     drafter = drafter_for(head, target, beam=beam, nodes=12)
-    got = speculative_tokens(target, None, prompt, 40, num_draft=4, drafter=drafter, tree_topk=beam, totals=totals,
-                             engine_out=engines)
+    got = speculative_tokens(
+        target, None, prompt, 40, num_draft=4, drafter=drafter, tree_topk=beam, totals=totals, engine_out=engines
+    )
     assert_greedy_equal(target, prompt, got, mlx_lm_greedy(target, prompt, 40))
     # 4 drafts deep: a head that is right 70% of the time keeps well over 2 drafts a step on average.
     assert totals["accepted"] / engines[0].target_calls >= 2.5, totals
@@ -95,8 +97,18 @@ def test_eagle_samples_follow_the_target_distribution(sampling, beam):
     totals = {}
     for seed in range(3000):
         drafter = drafter_for(head, target, sampling, beam=beam, nodes=5)
-        out = speculative_tokens(target, None, prompt, length, num_draft=3, sampling=sampling, seed=seed,
-                                 drafter=drafter, tree_topk=beam, totals=totals)
+        out = speculative_tokens(
+            target,
+            None,
+            prompt,
+            length,
+            num_draft=3,
+            sampling=sampling,
+            seed=seed,
+            drafter=drafter,
+            tree_topk=beam,
+            totals=totals,
+        )
         counts[tuple(out)] += 1
     assert totals["accepted"] > 300  # the acceptance rule was really exercised
     assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
@@ -130,7 +142,9 @@ def test_unrolled_depths_equal_drafting_step_by_step():
     unrolled, _ = unrolled_logits(wired, tokens, features, 2)
     t = 4
     cache = KVCache()
-    depth1, fed_on = wired.step(tokens[:, :t], features[:, :t], mx.tril(mx.ones((t, t), dtype=mx.bool_)), cache)  # the true rows 0..t-1
+    depth1, fed_on = wired.step(
+        tokens[:, :t], features[:, :t], mx.tril(mx.ones((t, t), dtype=mx.bool_)), cache
+    )  # the true rows 0..t-1
     depth2, _ = wired.step(tokens[:, t : t + 1], fed_on[:, t - 1 : t], None, cache)
     assert mx.allclose(depth1[0], unrolled[0, 0, :t], atol=1e-4).item()
     assert mx.allclose(depth2[0, 0], unrolled[1, 0, t], atol=1e-4).item()

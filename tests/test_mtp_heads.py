@@ -23,12 +23,24 @@ from mlxspec.sampling import SamplingConfig
 FAMILIES = ["deepseek_v3", "glm4_moe", "qwen3_next", "qwen3_5", "mimo"]
 # The names each family's checkpoint gives its MTP head (N = num_hidden_layers), from vLLM's loaders.
 HEAD_NAMES = {
-    "deepseek_v3": ["model.layers.{n}.enorm.weight", "model.layers.{n}.hnorm.weight", "model.layers.{n}.eh_proj.weight",
-                    "model.layers.{n}.shared_head.norm.weight"],
-    "qwen3_next": ["mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.fc.weight",
-                   "mtp.norm.weight"],
-    "mimo": ["model.mtp_layers.0.token_layernorm.weight", "model.mtp_layers.0.hidden_layernorm.weight",
-             "model.mtp_layers.0.input_proj.weight", "model.mtp_layers.0.final_layernorm.weight"],
+    "deepseek_v3": [
+        "model.layers.{n}.enorm.weight",
+        "model.layers.{n}.hnorm.weight",
+        "model.layers.{n}.eh_proj.weight",
+        "model.layers.{n}.shared_head.norm.weight",
+    ],
+    "qwen3_next": [
+        "mtp.pre_fc_norm_embedding.weight",
+        "mtp.pre_fc_norm_hidden.weight",
+        "mtp.fc.weight",
+        "mtp.norm.weight",
+    ],
+    "mimo": [
+        "model.mtp_layers.0.token_layernorm.weight",
+        "model.mtp_layers.0.hidden_layernorm.weight",
+        "model.mtp_layers.0.input_proj.weight",
+        "model.mtp_layers.0.final_layernorm.weight",
+    ],
 }
 HEAD_NAMES["glm4_moe"] = HEAD_NAMES["deepseek_v3"]
 HEAD_NAMES["qwen3_5"] = HEAD_NAMES["qwen3_next"]
@@ -67,8 +79,12 @@ def write_checkpoint(family, target, directory, moe=True, drop=None, reshape=Non
     mx.eval(twin.parameters())
     dims = config["hidden_size"]
     names = [name.format(n=n) for name in HEAD_NAMES[family]]
-    tensors = {names[0]: mx.random.uniform(0.5, 1.5, (dims,)), names[1]: mx.random.uniform(0.5, 1.5, (dims,)),
-               names[2]: mx.random.normal((dims, 2 * dims)) * 0.2, names[3]: mx.random.uniform(0.5, 1.5, (dims,))}
+    tensors = {
+        names[0]: mx.random.uniform(0.5, 1.5, (dims,)),
+        names[1]: mx.random.uniform(0.5, 1.5, (dims,)),
+        names[2]: mx.random.normal((dims, 2 * dims)) * 0.2,
+        names[3]: mx.random.uniform(0.5, 1.5, (dims,)),
+    }
     tensors.update({prefix + layout.block + k: v for k, v in hf_block_tensors(family, twin.layers[0], config).items()})
     if layout is DEEPSEEK:  # copies of the shared embedding and head sit in the MTP layer too
         tensors[prefix + "embed_tokens.weight"] = mx.zeros((config["vocab_size"], dims))
@@ -109,6 +125,18 @@ def test_native_mtp_heads_load_with_their_real_names_and_draft_exactly(family, t
     assert totals["drafted"] > 0
 
 
+def test_a_quantized_mtp_head_still_drafts_exactly(tmp_path):
+    import mlx.nn as nn
+
+    target = tiny_target("mimo", tmp_path)
+    write_checkpoint("mimo", target.model, target.path, moe=False)
+    head = load_mtp_head(target, bits=8)
+    assert isinstance(head.fc, nn.QuantizedLinear)
+    prompt, drafter = [1, 2, 3, 4], FeatureDrafter(HeadOnTarget(head, target.model), SamplingConfig())
+    got = speculative_tokens(target.model, None, prompt, 12, num_draft=3, drafter=drafter)
+    assert_greedy_equal(target.model, prompt, got, mlx_lm_greedy(target.model, prompt, 12))
+
+
 def test_mtp_samples_follow_the_target_distribution(tmp_path):
     """Chi-square of 2000 seeded runs of a DeepSeek-V3 MTP chain sampled from its q at T=1; false alarm 1e-3."""
     target = tiny_target("deepseek_v3", tmp_path, vocab_size=8)
@@ -118,8 +146,17 @@ def test_mtp_samples_follow_the_target_distribution(tmp_path):
     counts, totals = np.zeros([8] * length), {}
     for seed in range(2000):
         drafter = FeatureDrafter(HeadOnTarget(head, target.model), sampling)
-        out = speculative_tokens(target.model, None, prompt, length, num_draft=2, sampling=sampling, seed=seed,
-                                 drafter=drafter, totals=totals)
+        out = speculative_tokens(
+            target.model,
+            None,
+            prompt,
+            length,
+            num_draft=2,
+            sampling=sampling,
+            seed=seed,
+            drafter=drafter,
+            totals=totals,
+        )
         counts[tuple(out)] += 1
     assert totals["accepted"] > 100
     assert chi_square_pvalue(counts, exact_joint(target.model, prompt, sampling, length)) > ALPHA
@@ -140,3 +177,25 @@ def test_missing_or_malformed_mtp_tensors_are_refused_by_name(tmp_path):
     llama = LoadedModel(None, None, {"model_type": "llama", "num_hidden_layers": 2}, tmp_path)
     with pytest.raises(UserError, match="model_type 'llama' has no native MTP head"):
         load_mtp_head(llama)
+
+
+def test_from_a_hub_repo_only_the_shards_holding_mtp_tensors_are_fetched(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    target = tiny_target("mimo", tmp_path)
+    _, tensors = write_checkpoint("mimo", target.model, tmp_path / "repo", moe=False)
+    mx.save_safetensors(str(tmp_path / "repo" / "model-main.safetensors"), {"model.norm.weight": mx.ones((4,))})
+    index = json.loads((tmp_path / "repo" / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.norm.weight"] = "model-main.safetensors"
+    (tmp_path / "repo" / "model.safetensors.index.json").write_text(json.dumps(index))
+    fetched = []
+
+    def fake_download(repo, filename):
+        assert repo == "XiaomiMiMo/MiMo-7B-RL"
+        fetched.append(filename)
+        return str(tmp_path / "repo" / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    head = load_mtp_head(target, "XiaomiMiMo/MiMo-7B-RL")
+    assert fetched == ["model.safetensors.index.json", "model-mtp.safetensors"]
+    assert mx.array_equal(head.fc.weight, tensors["model.mtp_layers.0.input_proj.weight"]).item()
