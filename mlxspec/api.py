@@ -39,8 +39,9 @@ def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
         MedusaDrafter: "medusa heads",
         FeatureDrafter: "feature head",
     }
-    if isinstance(drafter, FeatureDrafter):
-        names[FeatureDrafter] = "eagle head" if drafter.wired.head.config.kind == "eagle" else "mtp head"
+    head_drafter = getattr(drafter, "model", drafter)  # behind prompt lookup, or alone
+    if isinstance(head_drafter, FeatureDrafter):
+        names[FeatureDrafter] = "eagle head" if head_drafter.wired.head.config.kind == "eagle" else "mtp head"
     if drafter is None:
         return "plain"
     inner = getattr(drafter, "model", None)

@@ -1,5 +1,5 @@
-"""The `mlxspec` command line: the group, one-line errors, and `generate`. plan, bench and train-medusa live in
-cli_tools.py."""
+"""The `mlxspec` command line: the group, one-line errors, and `generate`. plan and bench live in cli_tools.py,
+train-heads and train-medusa in train_command.py."""
 
 from __future__ import annotations
 

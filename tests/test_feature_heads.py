@@ -85,6 +85,20 @@ def test_a_copying_head_has_its_drafts_accepted(family, beam):
     assert totals["accepted"] / engines[0].target_calls >= 2.5, totals
 
 
+def test_lookup_in_front_of_an_eagle_head_stays_exact_and_both_draft():
+    """Steps drafted by lookup still hand the head the rows they kept; its next proposal catches up on all of them."""
+    from mlxspec.drafters import LookupThenModelDrafter, PromptLookupDrafter
+
+    target = make_tiny("llama", seed=0, num_hidden_layers=1)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+    inner = drafter_for(copying_head(target), target)
+    drafter = LookupThenModelDrafter(PromptLookupDrafter(), inner)
+    totals = {}
+    got = speculative_tokens(target, None, prompt, 30, num_draft=4, drafter=drafter, totals=totals)
+    assert_greedy_equal(target, prompt, got, mlx_lm_greedy(target, prompt, 30))
+    assert inner.calls > 0 and totals["accepted"] > 0.5 * totals["drafted"]
+
+
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-top-p"])
 @pytest.mark.parametrize("beam", [1, 2])
 def test_eagle_samples_follow_the_target_distribution(sampling, beam):
