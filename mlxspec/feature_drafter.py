@@ -65,7 +65,7 @@ class FeatureDrafter(Drafter):
         # An explicit causal mask: some families' attention (Gemma 2) takes no "causal" shorthand.
         offset = self.cache.offset
         mask = mx.arange(offset + rows)[None] <= mx.arange(offset, offset + rows)[:, None] if rows > 1 else None
-        logits, produced = self.wired.step(tokens, features, mask, self.cache)
+        logits, produced = self.wired.step(tokens, features, mask, self.cache, at_start=offset == 0)
         self.features, self.fed = [], self.fed + rows
         return logits[0, -1], produced[0, -1]
 

@@ -39,6 +39,7 @@ class FeatureHeadConfig:
     own_norm: bool = False  # a final norm of its own (MTP) instead of the target's
     feed_normed: bool = True  # the next depth reads the normed output (EAGLE) or the raw block output (MTP)
     norm_eps: float = 1e-6
+    blank_first_embedding: bool = False  # the row at position 0 reads a zero embedding (DeepSeek, GLM, MiMo MTP)
     base_model: str = ""  # the base model's directory name, for people
     base_model_identity: str = ""  # medusa.base_model_identity(dir), checked at load
     acceptance: list[float] = field(default_factory=list)  # [depth] teacher-forced top-1 agreement on held-out data
@@ -87,9 +88,15 @@ class HeadOnTarget:
         self.norm = head.norm if head.config.own_norm else final_norm(target)
         self.lm_head = output_head(target)
 
-    def step(self, tokens: mx.array, features: mx.array, mask: Any, cache: Any) -> tuple[mx.array, mx.array]:
-        """tokens [B, L], features [B, L, D] -> (logits [B, L, V], the features the next depth reads [B, L, D])."""
-        out = self.head(self.embed(tokens), features, mask, cache)
+    def step(
+        self, tokens: mx.array, features: mx.array, mask: Any, cache: Any, at_start: bool = False
+    ) -> tuple[mx.array, mx.array]:
+        """tokens [B, L], features [B, L, D] -> (logits [B, L, V], the features the next depth reads [B, L, D]).
+        at_start: the first row sits at position 0."""
+        embeds = self.embed(tokens)
+        if at_start and self.head.config.blank_first_embedding:  # as vLLM's MTP forwards mask position 0
+            embeds = mx.concatenate([mx.zeros_like(embeds[:, :1]), embeds[:, 1:]], axis=1)
+        out = self.head(embeds, features, mask, cache)
         normed = self.norm(out)
         return self.lm_head(normed), normed if self.head.config.feed_normed else out
 

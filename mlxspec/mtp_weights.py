@@ -44,6 +44,7 @@ class MTPLayout:
     hidden_first: bool = False
     feed_normed: bool = False
     gemma_norms: bool = False  # stored as w for (1 + w): mlx-lm adds 1 to the model's own norms when converting
+    blank_first_embedding: bool = False  # the forward zeroes the embedding at position 0
     block_overrides: dict = field(default_factory=dict)
     shared: tuple[str, ...] = ()  # tensors under prefix that copy the model's embedding or LM head: not loaded
 
@@ -55,6 +56,7 @@ DEEPSEEK = MTPLayout(
     "enorm",
     "hnorm",
     "shared_head.norm",
+    blank_first_embedding=True,
     shared=("embed_tokens.", "shared_head.head."),
 )
 QWEN_NEXT = MTPLayout(
@@ -83,6 +85,7 @@ LAYOUTS = {
         "final_layernorm",
         hidden_first=True,
         feed_normed=True,
+        blank_first_embedding=True,
     ),
 }
 
@@ -217,6 +220,7 @@ def load_mtp_head(target: LoadedModel, source: Path | str | None = None, bits: i
         hidden_first=layout.hidden_first,
         own_norm=True,
         feed_normed=layout.feed_normed,
+        blank_first_embedding=layout.blank_first_embedding,
         norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         base_model=target.path.name,
     )
