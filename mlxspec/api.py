@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -188,7 +189,10 @@ class Speculator:
         backend, status = verify_kernel.resolve(options.kernel)
         if status.startswith("unavailable"):
             verify_kernel.warn_once_without_kernel(status)
-        with verify_kernel.routed(self.target.model, backend) as layers:
+        with contextlib.ExitStack() as stack:
+            layers = stack.enter_context(verify_kernel.routed(self.target.model, backend))
+            if self.feature_head is not None:  # the head's own matrices are read once per draft step as well
+                layers += stack.enter_context(verify_kernel.routed(self.feature_head, backend))
             stats.kernel = f"{backend.name} ({layers} layers)" if backend is not None else status
             yield from self._run(engine, drafter, tokens, options, stats, healed_text)
 
