@@ -69,6 +69,7 @@ def test_the_wheel_carries_the_models_and_presets_once(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "mlxspec/models/target/config.json" in names and "mlxspec/models/draft/tokenizer.json" in names
     assert "mlxspec/models/medusa/medusa_config.json" in names and "mlxspec/__main__.py" in names
+    assert "mlxspec/models/eagle/eagle_config.json" in names and "mlxspec/models/eagle/eagle.safetensors" in names
     presets = sorted(n for n in names if n.startswith("mlxspec/configs/") and n.endswith(".json"))
     assert len(presets) == len(list((ROOT / "mlxspec" / "configs").glob("*.json"))) > 10
     assert not any(n.startswith("models/") for n in names)  # one copy, inside the package

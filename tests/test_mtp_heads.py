@@ -137,6 +137,7 @@ def test_a_quantized_mtp_head_still_drafts_exactly(tmp_path):
     assert_greedy_equal(target.model, prompt, got, mlx_lm_greedy(target.model, prompt, 12))
 
 
+@pytest.mark.heavy  # the sampled-chain path is FeatureDrafter's, whose chi-square tests run in CI (test_feature_heads)
 def test_mtp_samples_follow_the_target_distribution(tmp_path):
     """Chi-square of 2000 seeded runs of a DeepSeek-V3 MTP chain sampled from its q at T=1; false alarm 1e-3."""
     target = tiny_target("deepseek_v3", tmp_path, vocab_size=8)
