@@ -20,11 +20,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
 
 from .corpus import split_files
 from .errors import UserError
 from .feature_head import FeatureHead, HeadOnTarget, new_eagle_head, save_head
+from .head_files import checkpoint_state, resume_checkpoint, save_checkpoint, warmup_cosine
 from .loading import LoadedModel
 from .medusa_train import self_distilled_stream, token_stream
 from .target_features import forward_with_hidden
@@ -158,17 +158,6 @@ def depth_agreement(wired: HeadOnTarget, target: LoadedModel, windows: list[np.n
     return (hits / np.maximum(counts, 1)).tolist()
 
 
-def _schedule(cfg: EagleTrainConfig):
-    warmup = max(1, min(cfg.warmup, cfg.steps // 2))
-    return optim.join_schedules(
-        [
-            optim.linear_schedule(cfg.lr / 20, cfg.lr, warmup),
-            optim.cosine_decay(cfg.lr, max(cfg.steps - warmup, 1), cfg.lr / 10),
-        ],
-        [warmup],
-    )
-
-
 def _distilled(
     target: LoadedModel,
     stream: np.ndarray,
@@ -195,7 +184,7 @@ def train_eagle(
     mx.random.seed(cfg.seed)
     head = new_eagle_head(target.config, target.path)
     ckpt = out_dir / "checkpoint"
-    state = json.loads((ckpt / "state.json").read_text()) if (ckpt / "state.json").exists() else {"step": 0}
+    state = checkpoint_state(ckpt)
     for key, want in _identity(head).items():
         if key in state and state[key] != want:
             raise UserError(f"the checkpoint in '{out_dir}' was made for another {key}; pass a new --out")
@@ -211,18 +200,14 @@ def train_eagle(
         raise UserError(f"--seq-len {cfg.seq_len} is longer than the whole training text ({len(stream)} tokens)")
     target.model.freeze()
     wired = HeadOnTarget(head, target.model)
-    optimizer = optim.AdamW(learning_rate=_schedule(cfg), weight_decay=0.0)
+    optimizer = optim.AdamW(learning_rate=warmup_cosine(cfg.lr, cfg.warmup, cfg.steps), weight_decay=0.0)
 
     def loss_fn(model, tokens, features, target_logits):
         return head_loss(wired, tokens, features, target_logits, cfg)
 
     step_fn = nn.value_and_grad(head, loss_fn)
     if state["step"]:
-        try:
-            head.load_weights(str(ckpt / "head.safetensors"))
-        except ValueError:
-            raise UserError(f"the checkpoint in '{out_dir}' does not fit this run's head; pass a new --out") from None
-        optimizer.state = tree_unflatten(list(mx.load(str(ckpt / "opt.safetensors")).items()))
+        resume_checkpoint(head, optimizer, ckpt, "head.safetensors", out_dir)
         log(f"resumed at step {state['step']}")
     state.update(_identity(head), seconds=state.get("seconds", 0.0))
     rng = np.random.default_rng(cfg.seed + state["step"])
@@ -249,10 +234,7 @@ def train_eagle(
         if state["step"] % 100 == 0 or state["step"] == cfg.steps:
             state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - start
             start, first_step = time.perf_counter(), state["step"]
-            ckpt.mkdir(parents=True, exist_ok=True)
-            head.save_weights(str(ckpt / "head.safetensors"))
-            mx.save_safetensors(str(ckpt / "opt.safetensors"), dict(tree_flatten(optimizer.state)))
-            (ckpt / "state.json").write_text(json.dumps(state))
+            save_checkpoint(head, optimizer, ckpt, "head.safetensors", state)
             if state["step"] % 500 == 0 or state["step"] == cfg.steps:
                 agreement = depth_agreement(wired, target, _windows(heldout, cfg.seq_len), start=64)
                 log(f"held-out greedy acceptance by depth: {' '.join(f'{a:.3f}' for a in agreement)}")

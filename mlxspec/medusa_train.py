@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -13,10 +12,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
 
 from .corpus import read_text, split_files
 from .errors import UserError
+from .head_files import checkpoint_state, resume_checkpoint, save_checkpoint, warmup_cosine
 from .loading import LoadedModel
 from .medusa import CONFIG_FILE, MedusaConfig, MedusaHeads, base_model_identity, save_medusa
 from .target_features import output_head
@@ -157,7 +156,7 @@ def train_medusa(
         data=cfg.data,
     )
     ckpt = out_dir / "checkpoint"
-    state = json.loads((ckpt / "state.json").read_text()) if (ckpt / "state.json").exists() else {"step": 0}
+    state = checkpoint_state(ckpt)
     check_resume(state, config, out_dir)  # before minutes of tokenizing, not after
     train_files, heldout_files = split_files()
     stream = token_stream(train_files, target.tokenizer)
@@ -173,15 +172,7 @@ def train_medusa(
     heads = MedusaHeads(config)
     target.model.freeze()
     base_head = output_head(target.model)
-    warmup = min(cfg.warmup, cfg.steps // 2)
-    schedule = optim.join_schedules(
-        [
-            optim.linear_schedule(cfg.lr / 20, cfg.lr, max(warmup, 1)),
-            optim.cosine_decay(cfg.lr, max(cfg.steps - warmup, 1), cfg.lr / 10),
-        ],
-        [max(warmup, 1)],
-    )
-    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
+    optimizer = optim.AdamW(learning_rate=warmup_cosine(cfg.lr, cfg.warmup, cfg.steps), weight_decay=0.0)
     weights = mx.array([HEAD_DECAY**i for i in range(cfg.num_heads)])
 
     def loss_fn(model, hidden, tokens):
@@ -189,11 +180,7 @@ def train_medusa(
 
     step_fn = nn.value_and_grad(heads, loss_fn)
     if state["step"]:
-        try:
-            heads.load_weights(str(ckpt / "heads.safetensors"))
-        except ValueError:
-            raise UserError(f"the checkpoint in '{out_dir}' does not fit this run's heads; pass a new --out") from None
-        optimizer.state = tree_unflatten(list(mx.load(str(ckpt / "opt.safetensors")).items()))
+        resume_checkpoint(heads, optimizer, ckpt, "heads.safetensors", out_dir)
         log(f"resumed at step {state['step']}")
     state.update(
         num_heads=config.num_heads, shared_lm_head=config.shared_lm_head, base_model_identity=config.base_model_identity
@@ -221,10 +208,7 @@ def train_medusa(
         eta = (cfg.steps - state["step"]) * elapsed / done
         log(f"step {state['step']}/{cfg.steps} loss {loss.item():.3f} {rate:,.0f} tok/s, ETA {eta:.0f} s")
         if state["step"] % 50 == 0 or state["step"] == cfg.steps:
-            ckpt.mkdir(parents=True, exist_ok=True)
-            heads.save_weights(str(ckpt / "heads.safetensors"))
-            mx.save_safetensors(str(ckpt / "opt.safetensors"), dict(tree_flatten(optimizer.state)))
-            (ckpt / "state.json").write_text(json.dumps(state))
+            save_checkpoint(heads, optimizer, ckpt, "heads.safetensors", state)
     windows = [heldout[i : i + cfg.seq_len] for i in range(0, len(heldout) - cfg.seq_len, cfg.seq_len)]
     rng_eval = np.random.default_rng(cfg.seed)
     picked = [windows[i] for i in sorted(rng_eval.choice(len(windows), min(cfg.eval_windows, len(windows)), False))]
