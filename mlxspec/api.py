@@ -13,11 +13,13 @@ from typing import Any
 import mlx.core as mx
 
 from . import verify_kernel
+from .caches import CacheSpec, rollback_room
 from .drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, make_drafter
 from .engine import SpeculativeEngine
 from .errors import UserError
 from .loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, check_compatible, load_model
 from .options import DecodeOptions
+from .prompt_cache import PromptCache, Reuse
 from .results import Chunk, GenerationResult, Stats
 from .text import TextStream
 
@@ -82,6 +84,7 @@ class Speculator:
         medusa=None,
         options: DecodeOptions | None = None,
         feature_head=None,
+        prompt_cache: bool = False,
     ):
         if draft is not None:
             check_compatible(target, draft)
@@ -100,6 +103,9 @@ class Speculator:
         self._successors = None  # prompt lookup's corpus table, loaded on first use
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
         self.last_stats = Stats()
+        # On: each run keeps its caches, and the next prompt prefills only past their common prefix (a chat or
+        # server resending the conversation). Runs must then not interleave: one stream at a time.
+        self.prompt_cache = PromptCache() if prompt_cache else None
 
     @property
     def tokenizer(self):
@@ -174,9 +180,10 @@ class Speculator:
         stats.note = stats.note or tree_note
         stats.mode = describe_drafter(drafter, options)
         stats.num_draft = 0 if drafter is None else ("auto" if controller is not None else options.depth)
+        reuse = self._reuse(tokens, drafter, options)
         engine = SpeculativeEngine(
             self.target.model,
-            drafter,
+            reuse.drafter,
             options.sampling,
             num_draft=options.depth,
             seed=stats.seed,
@@ -184,8 +191,11 @@ class Speculator:
             context_length=self.target.context_length,
             max_nodes=options.max_nodes,
             controller=controller,
+            cache=reuse.cache,
         )
         engine.first_token_mask = first_token_mask
+        if self.prompt_cache is not None:
+            stats.reused_tokens, stats.prompt_cache = reuse.target_tokens, reuse.how
         backend, status = verify_kernel.resolve(options.kernel)
         if status.startswith("unavailable"):
             verify_kernel.warn_once_without_kernel(status)
@@ -194,12 +204,22 @@ class Speculator:
             if self.feature_head is not None:  # the head's own matrices are read once per draft step as well
                 layers += stack.enter_context(verify_kernel.routed(self.feature_head, backend))
             stats.kernel = f"{backend.name} ({layers} layers)" if backend is not None else status
-            yield from self._run(engine, drafter, tokens, options, stats, healed_text)
+            yield from self._run(engine, reuse, tokens, options, stats, healed_text)
 
-    def _run(self, engine, drafter, tokens, options: DecodeOptions, stats: Stats, healed_text: str) -> Iterator[Chunk]:
+    def _reuse(self, tokens: list[int], drafter: Drafter | None, options: DecodeOptions) -> Reuse:
+        """The caches the last run left that this prompt can continue from, or a cold start (prompt_cache.py)."""
+        if self.prompt_cache is None:
+            return Reuse(None, 0, drafter, 0, "")
+        spec = CacheSpec(rollback_room(drafter, options.depth, options.max_nodes), options.kv_bits)
+        return self.prompt_cache.take(tokens, spec, drafter, options.drafting_key)
+
+    def _run(self, engine, reuse: Reuse, tokens, options: DecodeOptions, stats: Stats, healed_text: str):
         mx.reset_peak_memory()
+        drafter = engine.drafter
         start = time.perf_counter()
-        engine.prefill(tokens)
+        engine.prefill(tokens, reuse.target_tokens, reuse.drafter_tokens)
+        if self.prompt_cache is not None:  # kept by reference: its state follows every step (see PromptCache)
+            self.prompt_cache.keep(engine, options.drafting_key)
         stats.prompt_seconds = time.perf_counter() - start
         text = TextStream(self.tokenizer, options.stop, options.stop_at_eos, skip=len(healed_text))
         start = time.perf_counter()
@@ -307,7 +327,17 @@ class Speculator:
         return GenerationResult("".join(pieces), tokens, self.last_stats, finish)
 
 
-LOAD_KEYS = ("num_draft", "quantize_target", "kv_bits", "draft_window", "medusa", "draft_bits", "eagle", "mtp")
+LOAD_KEYS = (
+    "num_draft",
+    "quantize_target",
+    "kv_bits",
+    "draft_window",
+    "medusa",
+    "draft_bits",
+    "eagle",
+    "mtp",
+    "prompt_cache",
+)
 
 
 def load(
@@ -322,6 +352,7 @@ def load(
     draft_bits: int | None = None,
     eagle: str | Path | None = None,
     mtp: str | Path | bool | None = None,
+    prompt_cache: bool = False,
 ) -> Speculator:
     """Load a target and a drafter once.
 
@@ -329,7 +360,8 @@ def load(
     lookup drafts instead (free, and skipped where it cannot pay). draft=None: no drafter unless options ask.
     num_draft, kv_bits and draft_window become the default DecodeOptions of every call. eagle: a directory written
     by `train-heads --kind eagle`; mtp: True for the native MTP head in the model's own files, or a directory or
-    repo of the original checkpoint that holds it.
+    repo of the original checkpoint that holds it. prompt_cache: keep each run's caches so a next prompt sharing
+    a prefix with the last one (a conversation) prefills only the rest.
     """
     options = (options or DecodeOptions()).updated(num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window)
     options = options.validate()
@@ -364,7 +396,9 @@ def load(
         bits = quantize_target or (target.config.get("quantization") or {}).get("bits")
         feature_head = load_mtp_head(target, None if mtp is True else mtp, bits=bits)
     warn_if_slow_blas()
-    return Speculator(target, draft_model, medusa=heads, options=options, feature_head=feature_head)
+    return Speculator(
+        target, draft_model, medusa=heads, options=options, feature_head=feature_head, prompt_cache=prompt_cache
+    )
 
 
 def generate(

@@ -7,6 +7,7 @@ enforces the window exactly, and the slack lets a step drop up to `slack` reject
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -95,6 +96,25 @@ class WindowKVCache(KVCache):
     @property
     def nbytes(self) -> int:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """What a target cache was built for: a cache kept from one run serves another only with the same spec."""
+
+    max_rollback: int  # positions a step may roll back (sliding-window caches keep that much slack)
+    kv_bits: int | None
+
+    def make(self, target: nn.Module) -> list:
+        return make_speculative_cache(target, max_rollback=self.max_rollback, kv_bits=self.kv_bits)
+
+
+def rollback_room(drafter: Any, num_draft: int, max_nodes: int | None) -> int:
+    """The most positions one step may feed and then roll back. Plain decoding never rolls back, so it runs on any
+    cache, recurrent ones included."""
+    if drafter is None:
+        return 0
+    return max(num_draft, max_nodes or 0, drafter.max_nodes) + 1
 
 
 def model_family(model: nn.Module) -> str:

@@ -45,6 +45,15 @@ class Drafter(Protocol):
     def prefill(self, prompt: list[int]) -> None:
         """See the whole prompt; the last prompt token is where drafting continues from."""
 
+    def reusable(self, prompt: list[int]) -> int:
+        """After a finished run: how many leading tokens of a new prompt this drafter's state already covers and can
+        keep (prompt_cache.py). 0 (the default): none, so a fresh drafter is prefilled instead."""
+        return 0
+
+    def resume(self, prompt: list[int], reused: int) -> None:
+        """Keep the state of prompt[:reused] (0 < reused <= reusable(prompt)), then see the prompt as prefill does."""
+        raise NotImplementedError
+
     def propose(self, num_tokens: int, key: mx.array | None) -> Draft | None:
         """Draft about num_tokens tokens (a chain of that length, or a tree that deep) lazily, or None."""
 
@@ -132,6 +141,21 @@ class DraftModelDrafter(Drafter):
                 return
         self._prefill_eagerly(chunk)
 
+    def reusable(self, prompt: list[int]) -> int:
+        if self.recurrent:
+            return 0  # recurrent draft layers cannot be trimmed back to a shorter prefix
+        return min(self._offset(), common_prefix(self.history, prompt))
+
+    def resume(self, prompt: list[int], reused: int) -> None:
+        extra = self._offset() - reused
+        if self.compiled:
+            self.compiled.trim(extra)
+        else:
+            rollback(self.cache, extra)
+            self.fed = reused
+        self._chain_nodes = []
+        self.prefill(prompt)
+
     def _prefill_eagerly(self, chunk: int = 512) -> None:
         while len(self._pending()) > 1:
             todo = self._pending()[: min(chunk, len(self._pending()) - 1)]
@@ -218,6 +242,12 @@ class PromptLookupDrafter(Drafter):
     def prefill(self, prompt: list[int]) -> None:
         self.history = list(prompt)
 
+    def reusable(self, prompt: list[int]) -> int:
+        return len(prompt)  # no state but the history, which prefill replaces
+
+    def resume(self, prompt: list[int], reused: int) -> None:
+        self.prefill(prompt)
+
     def candidates(self, num_tokens: int) -> list[list[int]]:
         """Up to max_candidates distinct continuations of at most num_tokens tokens, best first."""
         h, found = self.history, []
@@ -279,6 +309,13 @@ class LookupThenModelDrafter(Drafter):
     def prefill(self, prompt: list[int]) -> None:
         self.lookup.prefill(prompt)
         self.model.prefill(prompt)
+
+    def reusable(self, prompt: list[int]) -> int:
+        return self.model.reusable(prompt)
+
+    def resume(self, prompt: list[int], reused: int) -> None:
+        self.lookup.prefill(prompt)
+        self.model.resume(prompt, reused)
 
     def propose(self, num_tokens: int, key: mx.array) -> Draft | None:
         draft = self.lookup.propose(num_tokens, key)

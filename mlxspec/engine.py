@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .acceptance import accept_chain, accept_deterministic_chain
-from .caches import make_speculative_cache, rollback
+from .caches import CacheSpec, rollback, rollback_room
 from .drafters import Draft, Drafter
 from .recurrent import Snapshot, recurrent_leaves, rewind, snapshot
 from .sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
@@ -56,6 +56,7 @@ class SpeculativeEngine:
         max_nodes: int | None = None,
         controller=None,
         max_merged_replay: int | None = None,
+        cache: list | None = None,
     ):
         self.target = target
         self.drafter = drafter
@@ -67,9 +68,9 @@ class SpeculativeEngine:
         self.profile: dict[str, float] | None = None  # set to {} to time draft/verify/accept/bookkeeping
         self.first_token_mask: mx.array | None = None  # token healing: [V] allowed first tokens, one plain step
         self._mark_time = 0.0
-        # Plain decoding never rolls back, so it runs on any cache, recurrent ones included.
-        rollback_room = max(self.num_draft, max_nodes or 0, drafter.max_nodes) + 1 if drafter is not None else 0
-        self.cache = make_speculative_cache(target, max_rollback=rollback_room, kv_bits=kv_bits)
+        # `cache`: a target cache kept from an earlier run (prompt_cache.py), built for the same CacheSpec.
+        self.cache_spec = CacheSpec(rollback_room(drafter, num_draft, max_nodes), kv_bits)
+        self.cache = cache if cache is not None else self.cache_spec.make(target)
         # Recurrent layers (SSM, linear attention) cannot be trimmed: a step that rejects drafts rewinds them to a
         # snapshot taken before its forward and feeds the accepted tokens again at the front of the next forward
         # (deferred replay, recurrent.py), which widens that pass instead of costing one more.
@@ -94,15 +95,22 @@ class SpeculativeEngine:
         # Tokens the target cache holds. Kept here, not read off the cache: recurrent layers (ArraysCache) have no
         # offset, and plain decoding runs on them too.
         self.position = 0
+        self.history: list[int] = []  # every committed token: the prompt, then each step's tokens
+        self.mid_step = False  # True while a step runs: an exception there leaves the caches unusable
+        self.prompt_snapshot: tuple[int, Snapshot] | None = None  # recurrent targets: the state after prefill
         self.target_calls = 0
         # Medusa drafts from the target's own hidden states, so the target forward must return them.
         self.wants_hidden = drafter is not None and drafter.uses_target_hidden
         self._hidden: mx.array | None = None
         self._prefetched: mx.array | None = None  # [1, V] lazy logits of a queued plain forward (see _plain_step)
 
-    def prefill(self, prompt: list[int]) -> None:
-        """Feed all but the last prompt token; the last one is verified together with the first draft."""
-        todo = list(prompt[:-1])
+    def prefill(self, prompt: list[int], reused: int = 0, drafter_reused: int = 0) -> None:
+        """Feed all but the last prompt token; the last one is verified together with the first draft.
+
+        reused: the target cache already holds prompt[:reused] (kept from an earlier run); drafter_reused: the
+        drafter's state already covers that many (see Drafter.reusable)."""
+        self.position, self.history = reused, list(prompt)
+        todo = list(prompt[reused:-1])
         hidden = []
         for start in range(0, len(todo), self.prefill_chunk):
             chunk = mx.array(todo[start : start + self.prefill_chunk])[None]
@@ -114,8 +122,13 @@ class SpeculativeEngine:
                 mx.eval([c.state for c in self.cache])
             self.position += chunk.shape[1]
         self.pending = [prompt[-1]]
+        if self.recurrent:  # free (references): a later prompt sharing this one's prefix may start from here
+            self.prompt_snapshot = (self.position, snapshot(self.recurrent))
         if self.drafter is not None:
-            self.drafter.prefill(prompt)
+            if drafter_reused:
+                self.drafter.resume(prompt, drafter_reused)
+            else:
+                self.drafter.prefill(prompt)
             if self.wants_hidden:  # every prompt row but the pending token's (none for a one-token prompt)
                 self.drafter.set_hidden(mx.concatenate(hidden) if hidden else None)
 
@@ -137,6 +150,7 @@ class SpeculativeEngine:
 
     def step(self, max_new_tokens: int) -> StepResult:
         """One draft-verify-accept round emitting between 1 and (draft depth + 1) tokens, at most max_new_tokens."""
+        self.mid_step = True
         self._mark_time = time.perf_counter()
         draft_key = accept_key = None
         if not self.sampling.greedy:  # greedy steps draw nothing, so they split no keys
@@ -167,6 +181,8 @@ class SpeculativeEngine:
             if self.wants_hidden:  # the hidden states of the kept rows: the fed token's, then the kept drafts'
                 self.drafter.set_hidden(self._hidden[mx.array([0, *result.path], dtype=mx.int32)])
         self._mark("bookkeeping")
+        self.history.extend(result.tokens)
+        self.mid_step = False
         return result
 
     def _target_logits(self, draft: Draft | None) -> mx.array:

@@ -19,7 +19,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from .compiled_draft import pick_draft_token
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, common_prefix
 from .feature_head import HeadOnTarget
 from .sampling import SamplingConfig
 from .tree_attention import TreeContext, wrap_ropes
@@ -45,6 +45,15 @@ class FeatureDrafter(Drafter):
         self.history = list(prompt)
         self.cache = KVCache()
         self.features, self.fed = [], 0
+
+    def reusable(self, prompt: list[int]) -> int:
+        # Head row t reads token t+1 and the target's feature t, so keeping r rows needs prompt[:r+1] unchanged; the
+        # target then recomputes features from position r on (uses_target_hidden bounds its reuse by this).
+        return max(0, min(self.fed, common_prefix(self.history, prompt) - 1))
+
+    def resume(self, prompt: list[int], reused: int) -> None:
+        self.cache.trim(self.cache.offset - reused)
+        self.history, self.features, self.fed = list(prompt), [], reused
 
     def set_hidden(self, hidden: mx.array | None) -> None:
         if hidden is not None:

@@ -111,6 +111,12 @@ class MedusaDrafter(Drafter):
     def prefill(self, prompt: list[int]) -> None:
         self.hidden = None
 
+    def reusable(self, prompt: list[int]) -> int:
+        return len(prompt) - 2  # stateless, but the last prompt row's hidden state must be recomputed
+
+    def resume(self, prompt: list[int], reused: int) -> None:
+        self.prefill(prompt)
+
     def set_hidden(self, hidden: mx.array | None) -> None:
         """The target's final hidden states [n, D] of the rows it kept; the last is the token before the pending one
         (lazy; no sync)."""

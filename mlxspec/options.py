@@ -76,6 +76,22 @@ class DecodeOptions:
         return SamplingConfig(float(self.temperature), float(self.top_p), int(self.top_k), float(self.min_p))
 
     @property
+    def drafting_key(self) -> tuple:
+        """The fields a drafter is built from: a drafter kept from a run with the same key can continue its state."""
+        return (
+            self.sampling,
+            self.depth,
+            self.tree_topk,
+            self.tree_nodes,
+            self.use_draft,
+            self.lookup,
+            self.lookup_candidates,
+            self.corpus_fallback,
+            self.kv_bits,
+            self.draft_window,
+        )
+
+    @property
     def adaptive(self) -> bool:
         return self.num_draft == "auto"
 

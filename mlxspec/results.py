@@ -17,6 +17,8 @@ class Stats:
     mode: str = ""  # what drafted: "plain", "draft model", "draft model tree 4x2", "prompt lookup", ...
     num_draft: int | str = 0  # the draft length, or "auto" (adapted every step)
     seed: int = 0  # the seed used (drawn at random when none was given), so any run can be repeated
+    reused_tokens: int = 0  # prompt tokens whose target cache was kept from the last run (prompt cache)
+    prompt_cache: str = ""  # how: "cold", "prefix", "snapshot" (recurrent layers), "recomputed"; "" when off
     prompt_truncated_from: int = 0  # the prompt's length before --truncate cut it (0: not cut)
     note: str = ""  # why mlxspec decoded plainly instead of speculating, if it did
     kernel: str = ""  # the verify kernel's backend ("cpu") and layers routed, or why it was not used

@@ -1,0 +1,114 @@
+"""Prompt-cache reuse across generations: the next prompt prefills only what the last run's caches lack.
+
+A server or chat resends the whole conversation every turn. After a run the target cache holds its prompt and the
+answer (every committed token but the pending one), and the drafter its own state. The next prompt keeps the longest
+common token prefix of the two: attention caches are trimmed to it, which is exact because a KV entry depends only on
+the tokens before it. Recurrent layers (SSM, linear attention) cannot be trimmed: they are reused whole when the new
+prompt extends everything they hold, else restored to the snapshot taken after the last prompt's prefill when the new
+prompt extends that, else recomputed. `Stats.prompt_cache` says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .caches import CacheSpec
+from .drafters import Drafter, common_prefix
+from .recurrent import rewind, trim_attention
+
+# How the target's state was reused, for Stats.prompt_cache and usage.
+COLD = "cold"  # nothing kept yet, or the kept cache was built for other options
+PREFIX = "prefix"  # the kept cache, trimmed to the common prefix (or extended whole)
+SNAPSHOT = "snapshot"  # recurrent layers restored to the end of the last prompt
+RECOMPUTED = "recomputed"  # a kept cache that could not be cut back to the common prefix: prefilled from scratch
+
+
+@dataclass
+class Reuse:
+    """What a new run starts from: `cache` holds prompt[:target_tokens] (None: a fresh one), and `drafter` covers
+    prompt[:drafter_tokens] of its own state (0: prefill it)."""
+
+    cache: list | None
+    target_tokens: int
+    drafter: Drafter | None
+    drafter_tokens: int
+    how: str
+
+
+def target_points(
+    held: list[int],
+    position: int,
+    prompt: list[int],
+    snapshot_at: int | None,
+    recurrent: bool,
+    limit: int | None = None,
+) -> list[int]:
+    """The lengths the kept target cache can be cut back to for `prompt`, at most `limit`, longest first (always
+    ending with 0).
+
+    held[:position] is what the cache holds; at most len(prompt) - 1 tokens are reused, since the last prompt token is
+    fed with the first draft. Attention-only caches reach any length up to the common prefix."""
+    common = min(common_prefix(held[:position], prompt), len(prompt) - 1)
+    limit = common if limit is None else limit
+    if not recurrent:
+        return [min(common, limit), 0]
+    points = [position] if common == position else []
+    if snapshot_at is not None and snapshot_at <= common:
+        points.append(snapshot_at)
+    return [p for p in points if p <= limit] + [0]
+
+
+class PromptCache:
+    """The engine of the last finished run, kept so the next prompt can continue from its caches."""
+
+    def __init__(self) -> None:
+        self.engine: Any = None  # engine.SpeculativeEngine
+        self.drafter_key: tuple | None = None
+
+    def clear(self) -> None:
+        self.engine, self.drafter_key = None, None
+
+    def keep(self, engine: Any, drafter_key: tuple) -> None:
+        self.engine, self.drafter_key = engine, drafter_key
+
+    def take(self, prompt: list[int], spec: CacheSpec, fresh_drafter: Drafter | None, drafter_key: tuple) -> Reuse:
+        """The kept state cut back for `prompt`, or a cold start with `fresh_drafter`. Hands the kept caches over:
+        the cache holds nothing afterwards (the run `keep`s its engine again)."""
+        engine, kept_key = self.engine, self.drafter_key
+        self.clear()
+        if engine is None or engine.mid_step or engine.cache_spec != spec:
+            return Reuse(None, 0, fresh_drafter, 0, COLD)
+        engine.settle()  # feed any deferred replay: the cache then holds history[:position]
+        drafter = engine.drafter if kept_key == drafter_key and engine.drafter is not None else fresh_drafter
+        drafter_tokens = drafter.reusable(prompt) if drafter is not fresh_drafter else 0
+        drafter_tokens = max(0, min(drafter_tokens, len(prompt) - 1))
+        snapshot_at = engine.prompt_snapshot[0] if engine.prompt_snapshot else None
+        # A drafter that reads the target's features of every position past what it keeps: both reuse one length.
+        joint = drafter is not None and drafter.uses_target_hidden
+        n = target_points(
+            engine.history,
+            engine.position,
+            prompt,
+            snapshot_at,
+            bool(engine.recurrent),
+            drafter_tokens if joint else None,
+        )[0]
+        if joint:
+            drafter_tokens = n
+        if drafter_tokens == 0:
+            drafter = fresh_drafter
+        if n == 0:
+            return Reuse(None, 0, drafter, drafter_tokens, RECOMPUTED)
+        how = PREFIX
+        try:
+            if engine.recurrent and n != engine.position:
+                rewind(engine.cache, engine.prompt_snapshot[1], engine.position - n)
+                how = SNAPSHOT
+            elif not engine.recurrent:
+                trim_attention(engine.cache, engine.position - n)
+        except RuntimeError:  # a sliding window or chunk that has dropped the positions needed: recompute
+            if drafter is not None and drafter.uses_target_hidden:
+                return Reuse(None, 0, fresh_drafter, 0, RECOMPUTED)
+            return Reuse(None, 0, drafter, drafter_tokens, RECOMPUTED)
+        return Reuse(engine.cache, n, drafter, drafter_tokens, how)
