@@ -14,6 +14,7 @@ import mlx.core as mx
 
 from . import verify_kernel
 from .caches import CacheSpec, rollback_room
+from .chat_template import encode_messages
 from .drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, make_drafter
 from .engine import SpeculativeEngine
 from .errors import UserError
@@ -132,11 +133,7 @@ class Speculator:
             # Lone surrogates (undecodable bytes from argv or a file) cannot be tokenized: replace them with U+FFFD.
             prompt = prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             if chat:
-                if not getattr(self.tokenizer, "chat_template", None):
-                    raise UserError(f"'{self.target.path}' has no chat template; drop --chat")
-                tokens = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True
-                )
+                tokens = encode_messages(self.tokenizer, [{"role": "user", "content": prompt}], self.target.path)
             else:
                 tokens = self.tokenizer.encode(prompt)
         else:

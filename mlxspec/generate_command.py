@@ -45,9 +45,9 @@ def options_from(p: dict) -> DecodeOptions:
         top_k=p["top_k"],
         min_p=p["min_p"],
         seed=p["seed"],
-        chat=p["chat"],
-        heal=p["heal"],
-        truncate=p["truncate"],
+        chat=p.get("chat", False),
+        heal=p.get("heal", False),
+        truncate=p.get("truncate", False),
         num_draft=p["num_draft"] or "auto",
         tree_topk=p["tree_topk"],
         tree_nodes=p["tree_nodes"],
@@ -83,13 +83,15 @@ def cached_drafts_with_tokenizer(target: Path, limit: int = 3) -> list[str]:
     return found[:limit]
 
 
-def run_generate(prompt: str, p: dict, echo: Callable) -> None:
+def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Callable, prompt_cache: bool = False):
+    """The Speculator the command-line options ask for (generate, chat and serve): refuse contradictions, plan
+    against --memory-budget for prompt_chars + max_tokens, then load."""
     from .api import SlowBLASWarning, load
+    from .cli_options import MTP_IN_MODEL
     from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
     from .verify_kernel import KernelMissingWarning
 
     check_contradictions(p)
-    options = options_from(p).validate()
     model, draft = p["model"], p["draft"]
     heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source")
     draft_arg = None if (p["no_draft"] or heads) else (draft or "auto")
@@ -107,7 +109,7 @@ def run_generate(prompt: str, p: dict, echo: Callable) -> None:
             str(model or DEFAULT_TARGET),
             planned_draft,
             p["memory_budget"],
-            len(prompt),
+            prompt_chars,
             options.max_tokens,
             options.depth,
             settings,
@@ -124,8 +126,9 @@ def run_generate(prompt: str, p: dict, echo: Callable) -> None:
         num_draft=options.num_draft,
         medusa=p["medusa_path"],
         eagle=p.get("eagle_path"),
-        mtp=True if p.get("mtp_source") == "<model>" else p.get("mtp_source"),
+        mtp=True if p.get("mtp_source") == MTP_IN_MODEL else p.get("mtp_source"),
         options=options,
+        prompt_cache=prompt_cache,
         **settings,
     )
     if model is not None and draft is None and not p["no_draft"] and not heads and not p["lookup"]:
@@ -136,6 +139,13 @@ def run_generate(prompt: str, p: dict, echo: Callable) -> None:
                 f"serve as --draft: {', '.join(candidates)}",
                 err=True,
             )
+    return speculator
+
+
+def run_generate(prompt: str, p: dict, echo: Callable) -> None:
+    check_contradictions(p)
+    options = options_from(p).validate()
+    speculator = load_speculator(p, options, len(prompt), echo)
     if p["as_json"]:
         result = speculator.generate(prompt)
         stats = result.stats

@@ -1,0 +1,23 @@
+"""Messages to prompt tokens through the model's own chat template (shared by generate --chat, chat and serve)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+
+
+def encode_messages(tokenizer: Any, messages: list[dict], model_path: Path | str) -> list[int]:
+    """Token ids of `messages` ({role, content} with text content) followed by the assistant's generation prompt."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"'{model_path}' has no chat template; send plain text instead (drop --chat, or use completions)"
+        )
+    try:
+        tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as error:  # a template that raises (e.g. on roles it does not know) is the caller's input
+        raise UserError(f"the model's chat template refused these messages: {' '.join(str(error).split())}") from None
+    if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
+        tokens = tokens["input_ids"]
+    return list(tokens)
