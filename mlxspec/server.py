@@ -62,8 +62,8 @@ class Job:
 class Worker:
     """The thread that loads the Speculator and runs jobs FIFO. Events: chunk (a Chunk), done (Stats), error."""
 
-    def __init__(self, load: Callable[[], Any], max_queue: int):
-        self._load = load
+    def __init__(self, load: Callable[[], Any], max_queue: int, verbose: bool = False):
+        self._load, self.verbose = load, verbose
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
         self.speculator: Any = None
         self.busy = False
@@ -112,6 +112,7 @@ class Worker:
                     if job.cancelled.is_set():
                         break
             job.emit("done", spec.last_stats)
+            self.log(spec.last_stats, job.cancelled.is_set())
         except UserError as error:
             job.emit("error", RequestError(str(error)))
         except Exception as error:
@@ -119,6 +120,14 @@ class Worker:
             if spec.prompt_cache is not None:
                 spec.prompt_cache.clear()
             job.emit("error", RequestError(f"generation failed: {type(error).__name__}: {error}", status=500))
+
+    def log(self, stats, cancelled: bool) -> None:
+        if self.verbose:
+            from .cli import format_stats
+
+            end = "client gone, stopped" if cancelled else "done"
+            reuse = f"reused={stats.reused_tokens} ({stats.prompt_cache})"
+            print(f"mlxspec: {end} {reuse} {format_stats(stats)}", file=sys.stderr, flush=True)
 
 
 def sse(obj: dict | str) -> str:
@@ -244,7 +253,6 @@ class OpenAIServer:
             if kind == "error":
                 raise payload
             if kind == "done":
-                self.log(parsed, payload)
                 return wire.completion(
                     parsed.kind, rid, self.created, self.config.model_id, "".join(pieces), finish, payload
                 )
@@ -263,7 +271,6 @@ class OpenAIServer:
                     yield sse(payload.body())
                     return
                 if kind == "done":
-                    self.log(parsed, payload)
                     if parsed.include_usage:
                         yield sse(wire.usage_chunk(parsed.kind, rid, self.created, model, payload))
                     yield sse("[DONE]")
@@ -277,22 +284,12 @@ class OpenAIServer:
         finally:
             job.cancelled.set()  # a no-op once the job is done
 
-    def log(self, parsed: CompletionRequest, stats) -> None:
-        if self.config.verbose:
-            from .cli import format_stats
-
-            print(
-                f"mlxspec: {parsed.kind} reused={stats.reused_tokens} ({stats.prompt_cache}) {format_stats(stats)}",
-                file=sys.stderr,
-                flush=True,
-            )
-
 
 def serve(load: Callable[[], Any], config: ServeConfig, host: str, port: int) -> None:
     """Load (in the worker thread), then serve until interrupted."""
     import uvicorn
 
-    worker = Worker(load, config.max_queue)
+    worker = Worker(load, config.max_queue, config.verbose)
     worker.start()
     app = OpenAIServer(worker, config).app()
     print(f"mlxspec: serving {config.model_id} at http://{host}:{port}/v1 (OpenAI API)", file=sys.stderr, flush=True)

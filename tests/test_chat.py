@@ -1,0 +1,58 @@
+"""`mlxspec chat` as a user runs it: a process reading lines from stdin, with the embedded target and draft."""
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+PROMPT = "def add(a, b):"
+CHAT = [sys.executable, "-m", "mlxspec", "chat", "--temp", "0"]
+
+
+def test_a_scripted_session_answers_exactly_reuses_the_conversation_and_obeys_commands():
+    script = f"{PROMPT}\n/stats\n    return a + b\n/stats\n/reset\n/nonsense\n/stats\n/exit\n"
+    run = subprocess.run([*CHAT, "--max-tokens", "16"], input=script, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    reference = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", "--chat", PROMPT, "--max-tokens", "16", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    out = run.stdout
+    first_answer = out.split(">>> ", 2)[1]  # after the first prompt mark, up to the next
+    assert first_answer.startswith(json.loads(reference.stdout)["text"])
+    stats = [line for line in out.splitlines() if "alpha=" in line]
+    assert len(stats) == 3  # /stats after each answer, and again after /reset (the last answer's)
+    assert "(cold)" in stats[0] and "tokens=16" in stats[0]
+    # The second turn resent the first question and answer: all but the pending token was reused.
+    reused = int(stats[1].split("reused=")[1].split()[0])
+    prompt = int(stats[1].split("prompt=")[1].split()[0])
+    assert "(prefix)" in stats[1] and 16 < reused < prompt
+    assert "(a new conversation)" in out and "(unknown command /nonsense;" in out
+
+
+def test_ctrl_c_stops_the_answer_not_the_session():
+    process = subprocess.Popen(
+        [*CHAT, "--max-tokens", "480"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(iter(lambda: process.stdout.read(1), "")))
+    reader.start()
+    process.stdin.write(f"{PROMPT}\n")
+    process.stdin.flush()
+    deadline = time.monotonic() + 120
+    while "".join(output).count(">>> ") < 1 or len("".join(output).split(">>> ", 1)[1]) < 20:
+        assert time.monotonic() < deadline and process.poll() is None, "".join(output)
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    process.stdin.write("/stats\n/exit\n")
+    process.stdin.flush()
+    assert process.wait(timeout=120) == 0, process.stderr.read()
+    reader.join(timeout=10)
+    out = "".join(output)
+    assert " [stopped]" in out
+    stats = next(line for line in out.splitlines() if "alpha=" in line)
+    assert int(stats.split("tokens=")[1].split()[0]) < 480

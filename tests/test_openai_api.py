@@ -1,0 +1,104 @@
+"""The OpenAI wire format without HTTP (mlxspec/openai_api.py): what a body becomes, and what is refused by name."""
+
+import pytest
+
+from mlxspec.openai_api import RequestError, chunk, parse_request, usage
+from mlxspec.results import Stats
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+
+
+def test_a_chat_body_becomes_messages_and_decode_option_changes():
+    request = parse_request(
+        {
+            "model": "default",
+            "messages": MESSAGES,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 40,
+            "min_p": 0.05,
+            "max_tokens": 99,
+            "max_completion_tokens": 50,
+            "stop": "\n\n",
+            "seed": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "speculative": {"enabled": True, "num_draft": 4, "lookup": True},
+            "user": "ignored",
+            "n": 1,
+            "presence_penalty": 0,
+        },
+        "chat",
+    )
+    assert request.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert request.changes == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "min_p": 0.05,
+        "top_k": 40,
+        "seed": 3,
+        "max_tokens": 50,  # max_completion_tokens, the newer name, wins
+        "stop": ["\n\n"],
+        "use_draft": True,
+        "num_draft": 4,
+        "lookup": True,
+    }
+    assert request.stream and request.include_usage
+
+
+def test_a_completions_prompt_may_be_text_token_ids_or_a_batch_of_one():
+    assert parse_request({"prompt": "abc"}, "text").prompt == "abc"
+    assert parse_request({"prompt": [1, 2, 3]}, "text").prompt == [1, 2, 3]
+    assert parse_request({"prompt": [[1, 2]]}, "text").prompt == [1, 2]
+    assert parse_request({"prompt": ["abc"]}, "text").prompt == "abc"
+
+
+@pytest.mark.parametrize(
+    "body,kind,param",
+    [
+        ([], "chat", None),
+        ({"messages": []}, "chat", "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "chat", "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "chat", "messages[0].role"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "chat", "messages[0].content"),
+        ({"messages": MESSAGES, "temperature": "0.5"}, "chat", "temperature"),
+        ({"messages": MESSAGES, "temperature": True}, "chat", "temperature"),
+        ({"messages": MESSAGES, "max_tokens": 0}, "chat", "max_tokens"),
+        ({"messages": MESSAGES, "max_tokens": 2.5}, "chat", "max_tokens"),
+        ({"messages": MESSAGES, "stop": ["a", 1]}, "chat", "stop"),
+        ({"messages": MESSAGES, "n": 3}, "chat", "n"),
+        ({"messages": MESSAGES, "logprobs": True}, "chat", "logprobs"),
+        ({"messages": MESSAGES, "tool_choice": "auto"}, "chat", "tool_choice"),
+        ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "chat", "response_format"),
+        ({"messages": MESSAGES, "frequency_penalty": 0.5}, "chat", "frequency_penalty"),
+        ({"messages": MESSAGES, "logit_bias": {"1": 5}}, "chat", "logit_bias"),
+        ({"messages": MESSAGES, "stream": "yes"}, "chat", "stream"),
+        ({"messages": MESSAGES, "speculative": {"enabled": "no"}}, "chat", "speculative.enabled"),
+        ({"prompt": ["a", "b"]}, "text", "prompt"),
+        ({"prompt": 5}, "text", "prompt"),
+        ({"prompt": "a", "echo": True}, "text", "echo"),
+        ({"prompt": "a", "best_of": 2}, "text", "best_of"),
+        ({"prompt": "a", "logprobs": 5}, "text", "logprobs"),
+    ],
+)
+def test_refusals_name_the_parameter(body, kind, param):
+    with pytest.raises(RequestError) as refused:
+        parse_request(body, kind)
+    assert refused.value.status == 400 and refused.value.param == param
+    assert refused.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_usage_reports_the_reused_prefix_and_the_speculative_stats():
+    stats = Stats(prompt_tokens=30, generated_tokens=12, target_calls=4, drafted=12, accepted=8, reused_tokens=20)
+    stats.prompt_cache, stats.mode = "prefix", "draft model"
+    out = usage(stats)
+    assert (out["prompt_tokens"], out["completion_tokens"], out["total_tokens"]) == (30, 12, 42)
+    assert out["prompt_tokens_details"] == {"cached_tokens": 20}
+    assert out["speculative"]["acceptance_rate"] == pytest.approx(8 / 12, abs=1e-4)
+    assert out["speculative"]["tokens_per_target_call"] == 3.0
+
+
+def test_the_first_chat_chunk_carries_the_role_and_the_last_the_finish_reason():
+    assert chunk("chat", "i", 0, "m", "he", None, True)["choices"][0]["delta"] == {"role": "assistant", "content": "he"}
+    last = chunk("chat", "i", 0, "m", None, "stop", False)["choices"][0]
+    assert last["delta"] == {} and last["finish_reason"] == "stop"

@@ -1,0 +1,228 @@
+"""`mlxspec serve` against the official `openai` client: a real server process on a free localhost port, serving
+the embedded target and draft. Outputs are checked for exactness against `mlxspec generate`, the prompt cache for
+reuse, and the refusals (400, 401, 503) and a mid-stream disconnect for a server that keeps working."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+KEY = "sk-test-key"
+PROMPT = "def add(a, b):"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited: {url.log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                if json.load(response)["status"] == "ok":
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("the server did not come up")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The server's URL; -v logs one stats line per request to server.log beside it."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
+    command = [
+        sys.executable,
+        "-m",
+        "mlxspec",
+        "serve",
+        "--port",
+        str(port),
+        "--api-key",
+        KEY,
+        "--max-queue",
+        "1",
+        "-v",
+    ]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stderr=log, stdout=subprocess.DEVNULL, text=True)
+    url = f"http://127.0.0.1:{port}"
+    url_and_log = type("Server", (str,), {"log": log_path})(url)
+    try:
+        wait_healthy(url_and_log, process)
+        yield url_and_log
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def chat(client, content=PROMPT, **kwargs):
+    return client.chat.completions.create(model="default", messages=[{"role": "user", "content": content}], **kwargs)
+
+
+def health(server) -> dict:
+    with urllib.request.urlopen(f"{server}/health", timeout=5) as response:
+        return json.load(response)
+
+
+def test_greedy_chat_equals_generate_chat_and_names_the_served_model(client):
+    reply = chat(client, max_tokens=40, temperature=0)
+    generated = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "generate", "--chat", PROMPT, "--max-tokens", "40", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    reference = json.loads(generated.stdout)
+    assert reply.choices[0].message.content == reference["text"]
+    assert reply.usage.completion_tokens == len(reference["tokens"])
+    assert reply.choices[0].finish_reason == reference["finish_reason"] == "length"
+    assert reply.model == "mlxspec-embedded"  # the client sent "default"
+    assert [m.id for m in client.models.list().data] == ["mlxspec-embedded"]
+
+
+def test_streamed_chat_and_completions_add_up_to_the_whole_answer(client):
+    whole = chat(client, max_tokens=30, temperature=0).choices[0].message.content
+    stream = chat(client, max_tokens=30, temperature=0, stream=True, stream_options={"include_usage": True})
+    pieces, finish, usage = [], None, None
+    for event in stream:
+        if event.choices:
+            pieces.append(event.choices[0].delta.content or "")
+            finish = event.choices[0].finish_reason or finish
+        if event.usage:
+            usage = event.usage
+    assert "".join(pieces) == whole and finish == "length"
+    assert usage.completion_tokens == 30
+    text = client.completions.create(model="x", prompt=PROMPT, max_tokens=30, temperature=0)
+    assert text.choices[0].text == whole  # the embedded chat template only joins the messages' text
+    streamed = client.completions.create(model="x", prompt=PROMPT, max_tokens=30, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == whole
+
+
+def test_usage_carries_the_speculative_stats_and_the_reused_prefix(client):
+    first = chat(client, content="import os\nimport sys\n", max_tokens=24, temperature=0)
+    stats = first.usage.model_extra["speculative"]
+    assert stats["mode"] == "draft model" and stats["drafted"] > 0 and stats["accepted"] > 0
+    assert 0 < stats["acceptance_rate"] <= 1 and stats["tokens_per_target_call"] > 1
+    # The next turn resends the conversation: everything the cache holds is reused.
+    messages = [
+        {"role": "user", "content": "import os\nimport sys\n"},
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "\n\ndef main():"},
+    ]
+    second = client.chat.completions.create(model="default", messages=messages, max_tokens=8, temperature=0)
+    reused = second.usage.prompt_tokens_details.cached_tokens
+    assert second.usage.model_extra["speculative"]["prompt_cache"] == "prefix"
+    assert first.usage.prompt_tokens < reused < second.usage.prompt_tokens
+
+
+def test_stop_strings_and_seeds(client):
+    whole = chat(client, max_tokens=40, temperature=0).choices[0].message.content
+    stop = whole[10:14]
+    cut = chat(client, max_tokens=40, temperature=0, stop=[stop, "never appears"])
+    assert cut.choices[0].message.content == whole[: whole.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    a, b, c = (chat(client, max_tokens=30, temperature=1.0, seed=s).choices[0].message.content for s in (7, 7, 8))
+    assert a == b and a != c
+
+
+def test_turning_drafting_off_per_request_changes_only_the_speed(client):
+    drafted = chat(client, max_tokens=30, temperature=0)
+    plain = chat(client, max_tokens=30, temperature=0, extra_body={"speculative": {"enabled": False}})
+    assert plain.choices[0].message.content == drafted.choices[0].message.content
+    assert plain.usage.model_extra["speculative"]["mode"] == "plain"
+    lookup = chat(client, max_tokens=30, temperature=0, extra_body={"speculative": {"lookup": True, "num_draft": 3}})
+    assert lookup.choices[0].message.content == drafted.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    "kwargs,param",
+    [
+        (dict(max_tokens=-1), "max_tokens"),
+        (dict(temperature="hot"), "temperature"),
+        (dict(n=2), "n"),
+        (dict(logprobs=True), "logprobs"),
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+        (dict(content="x = 1\n" * 300), "messages"),  # longer than the 512-token context
+        (dict(extra_body={"speculative": {"depth": 3}}), "speculative"),
+    ],
+)
+def test_bad_requests_get_a_400_naming_the_parameter_and_the_server_goes_on(client, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat(client, **kwargs)
+    assert refused.value.status_code == 400
+    assert refused.value.body["param"] == param and refused.value.body["type"] == "invalid_request_error"
+    assert chat(client, max_tokens=3).usage.completion_tokens == 3
+
+
+def test_malformed_json_gets_a_400(server):
+    request = urllib.request.Request(
+        f"{server}/v1/chat/completions", data=b'{"messages": [', headers={"Authorization": f"Bearer {KEY}"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400
+    assert "not valid JSON" in json.load(refused.value)["error"]["message"]
+
+
+def test_a_missing_or_wrong_key_gets_a_401(server):
+    for key in ("wrong", ""):
+        wrong = openai.OpenAI(base_url=f"{server}/v1", api_key=key or "none", max_retries=0)
+        if not key:
+            wrong = wrong.with_options(default_headers={"Authorization": ""})
+        with pytest.raises(openai.AuthenticationError):
+            chat(wrong, max_tokens=2)
+
+
+def test_a_full_queue_gets_a_503_and_a_disconnect_frees_the_worker(client, server):
+    # One long stream runs; a second request waits (--max-queue 1); a third finds the queue full.
+    running = chat(client, max_tokens=450, temperature=1.0, seed=12345, stream=True)
+    next(iter(running))
+    waited = {}
+    waiter = threading.Thread(target=lambda: waited.update(reply=chat(client, max_tokens=2)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while health(server)["waiting"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(openai.InternalServerError) as refused:
+        chat(client, max_tokens=2)
+    assert refused.value.status_code == 503
+    # Disconnect mid-stream: the generation stops at its next step, the waiting request runs, the server goes on.
+    running.close()
+    waiter.join(timeout=60)
+    assert waited["reply"].usage.completion_tokens == 2
+    assert chat(client, max_tokens=3).usage.completion_tokens == 3
+    assert health(server) == {"status": "ok", "model": "mlxspec-embedded", "busy": False, "waiting": 0}
+    # The closed stream's stats line: it stopped well short of the 450 tokens it asked for.
+    line = next(line for line in server.log.read_text().splitlines() if " seed=12345 " in line)
+    assert int(line.split(" tokens=")[1].split()[0]) < 300, line
+
+
+def test_serve_without_its_extra_says_how_to_install_it(tmp_path):
+    blocker = tmp_path / "uvicorn.py"
+    blocker.write_text("raise ImportError('blocked for this test')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "mlxspec", "serve"], capture_output=True, text=True, env=env)
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        == 'mlxspec: error: mlxspec serve needs its web stack; install it with pip install "mlxspec[serve]"'
+    )
