@@ -85,7 +85,7 @@ class Speculator:
         medusa=None,
         options: DecodeOptions | None = None,
         feature_head=None,
-        prompt_cache: bool = False,
+        prompt_cache: int = 0,
     ):
         if draft is not None:
             check_compatible(target, draft)
@@ -96,6 +96,8 @@ class Speculator:
         ]
         if len(given) > 1:
             raise UserError(f"{given[0]} and {given[1]} are two drafters; pass one of them")
+        if not isinstance(prompt_cache, int) or prompt_cache < 0:
+            raise UserError(f"prompt_cache {prompt_cache!r} must be a whole number of conversations to keep (0: off)")
         self.target = target
         self.draft = draft
         self.medusa = medusa  # MedusaHeads or None
@@ -104,9 +106,10 @@ class Speculator:
         self._successors = None  # prompt lookup's corpus table, loaded on first use
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
         self.last_stats = Stats()
-        # On: each run keeps its caches, and the next prompt prefills only past their common prefix (a chat or
-        # server resending the conversation). Runs must then not interleave: one stream at a time.
-        self.prompt_cache = PromptCache() if prompt_cache else None
+        # prompt_cache N > 0: the last N runs keep their caches, and a next prompt prefills only past its longest
+        # common prefix with one of them (a chat or server resending conversations). Runs must then not
+        # interleave: one stream at a time.
+        self.prompt_cache = PromptCache(prompt_cache) if prompt_cache else None
 
     @property
     def tokenizer(self):
@@ -349,7 +352,7 @@ def load(
     draft_bits: int | None = None,
     eagle: str | Path | None = None,
     mtp: str | Path | bool | None = None,
-    prompt_cache: bool = False,
+    prompt_cache: int = 0,
 ) -> Speculator:
     """Load a target and a drafter once.
 
@@ -357,8 +360,8 @@ def load(
     lookup drafts instead (free, and skipped where it cannot pay). draft=None: no drafter unless options ask.
     num_draft, kv_bits and draft_window become the default DecodeOptions of every call. eagle: a directory written
     by `train-heads --kind eagle`; mtp: True for the native MTP head in the model's own files, or a directory or
-    repo of the original checkpoint that holds it. prompt_cache: keep each run's caches so a next prompt sharing
-    a prefix with the last one (a conversation) prefills only the rest.
+    repo of the original checkpoint that holds it. prompt_cache=N: keep the caches of the last N runs, so a next
+    prompt sharing a prefix with one of them (a conversation) prefills only the rest.
     """
     options = (options or DecodeOptions()).updated(num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window)
     options = options.validate()

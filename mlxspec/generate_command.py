@@ -83,7 +83,7 @@ def cached_drafts_with_tokenizer(target: Path, limit: int = 3) -> list[str]:
     return found[:limit]
 
 
-def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Callable, prompt_cache: bool = False):
+def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Callable, prompt_cache: int = 0):
     """The Speculator the command-line options ask for (generate, chat and serve): refuse contradictions, plan
     against --memory-budget for prompt_chars + max_tokens, then load."""
     from .api import SlowBLASWarning, load

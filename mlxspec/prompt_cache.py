@@ -18,7 +18,7 @@ from .drafters import Drafter, common_prefix
 from .recurrent import rewind, trim_attention
 
 # How the target's state was reused, for Stats.prompt_cache and usage.
-COLD = "cold"  # nothing kept yet, or the kept cache was built for other options
+COLD = "cold"  # nothing kept shares a prefix with the prompt, or was built for other options
 PREFIX = "prefix"  # the kept cache, trimmed to the common prefix (or extended whole)
 SNAPSHOT = "snapshot"  # recurrent layers restored to the end of the last prompt
 RECOMPUTED = "recomputed"  # a kept cache that could not be cut back to the common prefix: prefilled from scratch
@@ -59,26 +59,53 @@ def target_points(
     return [p for p in points if p <= limit] + [0]
 
 
-class PromptCache:
-    """The engine of the last finished run, kept so the next prompt can continue from its caches."""
+@dataclass
+class Entry:
+    engine: Any  # engine.SpeculativeEngine of a finished (or stopped) run
+    drafter_key: tuple
 
-    def __init__(self) -> None:
-        self.engine: Any = None  # engine.SpeculativeEngine
-        self.drafter_key: tuple | None = None
+
+def reachable(engine: Any, prompt: list[int]) -> int:
+    """How many of prompt's tokens the engine's target cache could continue from (drafters aside)."""
+    if engine.mid_step:
+        return 0
+    snapshot_at = engine.prompt_snapshot[0] if engine.prompt_snapshot else None
+    held = engine.history[: engine.position + len(engine.replay)]  # what it holds once its replay is fed
+    position = len(held)
+    return target_points(held, position, prompt, snapshot_at, bool(engine.recurrent))[0]
+
+
+class PromptCache:
+    """The engines of the last `capacity` finished runs (most recent first), kept so a next prompt can continue
+    from the caches of the one it shares the longest prefix with: several conversations (clients) interleave
+    without evicting each other. Each entry holds a whole KV cache."""
+
+    def __init__(self, capacity: int = 1) -> None:
+        self.capacity = capacity
+        self.entries: list[Entry] = []
+
+    @property
+    def engine(self) -> Any:
+        """The most recent run's engine (None when empty)."""
+        return self.entries[0].engine if self.entries else None
 
     def clear(self) -> None:
-        self.engine, self.drafter_key = None, None
+        self.entries = []
 
     def keep(self, engine: Any, drafter_key: tuple) -> None:
-        self.engine, self.drafter_key = engine, drafter_key
+        self.entries = [Entry(engine, drafter_key)] + [e for e in self.entries if e.engine is not engine]
+        del self.entries[self.capacity :]
 
     def take(self, prompt: list[int], spec: CacheSpec, fresh_drafter: Drafter | None, drafter_key: tuple) -> Reuse:
         """The kept state cut back for `prompt`, or a cold start with `fresh_drafter`. Hands the kept caches over:
-        the cache holds nothing afterwards (the run `keep`s its engine again)."""
-        engine, kept_key = self.engine, self.drafter_key
-        self.clear()
-        if engine is None or engine.mid_step or engine.cache_spec != spec:
+        the entry leaves the cache (the run `keep`s its engine again)."""
+        self.entries = [e for e in self.entries if not e.engine.mid_step]  # a run that failed mid-step: unusable
+        scored = [(reachable(e.engine, prompt), e) for e in self.entries if e.engine.cache_spec == spec]
+        reach, best = max(scored, key=lambda pair: pair[0], default=(0, None))  # ties: the most recent
+        if reach == 0:  # nothing shares a prefix with this prompt: every entry stays for its own conversation
             return Reuse(None, 0, fresh_drafter, 0, COLD)
+        self.entries.remove(best)
+        engine, kept_key = best.engine, best.drafter_key
         engine.settle()  # feed any deferred replay: the cache then holds history[:position]
         drafter = engine.drafter if kept_key == drafter_key and engine.drafter is not None else fresh_drafter
         drafter_tokens = drafter.reusable(prompt) if drafter is not fresh_drafter else 0

@@ -43,6 +43,14 @@ def served_model_id(model: str | None) -> str:
     default=None,
     help="Longest prompt in tokens a request may send [default: the model's context].",
 )
+@click.option(
+    "--prompt-cache-size",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Conversations whose caches are kept (each holds its KV cache); a request continues the one it shares "
+    "the longest prefix with.",
+)
 @click.option("--model-id", default=None, help="The model id clients see [default: the --model name].")
 @click.option("-v", "--verbose", is_flag=True, help="Print a stats line per request to stderr.")
 def serve(**p) -> None:
@@ -66,7 +74,8 @@ def serve(**p) -> None:
     )
     planned = p["max_context"] or PLANNED_CHARS
     echo = click.echo
-    serve(lambda: load_speculator(p, options, planned, echo, prompt_cache=True), config, p["host"], p["port"])
+    cache_size = p["prompt_cache_size"]
+    serve(lambda: load_speculator(p, options, planned, echo, prompt_cache=cache_size), config, p["host"], p["port"])
 
 
 @click.command()
@@ -81,5 +90,5 @@ def chat(**p) -> None:
 
     check_contradictions(p)
     options = options_from(p).validate()
-    speculator = load_speculator(p, options, PLANNED_CHARS, click.echo, prompt_cache=True)
+    speculator = load_speculator(p, options, PLANNED_CHARS, click.echo, prompt_cache=1)
     run_chat(speculator, p["system"], p["verbose"])

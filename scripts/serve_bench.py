@@ -66,6 +66,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=600)
         self.command = " ".join(command)
+        self.model_name = "default_model" if kind == "mlx_lm" else "default"  # mlx_lm.server loads any other name
         self._wait()
 
     def _wait(self, seconds: float = 300) -> None:
@@ -101,13 +102,14 @@ def prompts(count: int, lines: int = 12) -> list[str]:
     return out
 
 
-def timed_stream(client, kind: str, payload, max_tokens: int, **kwargs) -> dict:
+def timed_stream(server: Server, kind: str, payload, max_tokens: int, **kwargs) -> dict:
     """One streamed request: text, TTFT (first non-empty text), total latency, usage (where the server sends it)."""
+    client = server.client
     start = time.perf_counter()
     first, pieces, usage = None, [], None
     if kind == "chat":
         stream = client.chat.completions.create(
-            model="default",
+            model=server.model_name,
             messages=payload,
             max_tokens=max_tokens,
             stream=True,
@@ -116,7 +118,7 @@ def timed_stream(client, kind: str, payload, max_tokens: int, **kwargs) -> dict:
         )
     else:
         stream = client.completions.create(
-            model="default",
+            model=server.model_name,
             prompt=payload,
             max_tokens=max_tokens,
             stream=True,
@@ -149,14 +151,14 @@ def percentiles(values: list[float]) -> dict:
 
 def load_check(server: Server, clients: int, requests: int, max_tokens: int) -> dict:
     texts = prompts(clients * requests // 2 or 1)
-    reference = [timed_stream(server.client, "text", p, max_tokens, temperature=0)["text"] for p in texts]
+    reference = [timed_stream(server, "text", p, max_tokens, temperature=0)["text"] for p in texts]
     results, errors = [], []
 
     def client_loop(c: int) -> None:
         for r in range(requests):
             i = (c * requests + r) % len(texts)
             try:
-                got = timed_stream(server.client, "text", texts[i], max_tokens, temperature=0)
+                got = timed_stream(server, "text", texts[i], max_tokens, temperature=0)
                 results.append({**got, "exact": got["text"] == reference[i]})
             except Exception as error:  # a load check counts errors rather than stopping at the first
                 errors.append(f"{type(error).__name__}: {error}")
@@ -183,17 +185,17 @@ def load_check(server: Server, clients: int, requests: int, max_tokens: int) -> 
 
 
 def ttft_reuse(server: Server, rounds: int, first_tokens: int) -> dict:
-    """Second turns of conversations: TTFT with the conversation's prefix in the cache, and the same request cold
-    (after an unrelated request replaced the cache)."""
-    texts = prompts(rounds * 2)
+    """Second turns of conversations: TTFT with the conversation's prefix in the server's cache, and the same
+    request made cold by a unique first line (no cache holds its prefix, whatever it keeps)."""
+    texts = prompts(rounds)
     warm, cold, sizes = [], [], []
-    for i in range(rounds):
-        turn1 = [{"role": "user", "content": texts[2 * i]}]
-        answer = timed_stream(server.client, "chat", turn1, first_tokens, temperature=0)["text"]
+    for i, text in enumerate(texts):
+        turn1 = [{"role": "user", "content": text}]
+        answer = timed_stream(server, "chat", turn1, first_tokens, temperature=0)["text"]
         turn2 = turn1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "\n\ndef main():\n"}]
-        reused = timed_stream(server.client, "chat", turn2, 8, temperature=0)
-        timed_stream(server.client, "text", texts[2 * i + 1], 4, temperature=0)  # evict
-        fresh = timed_stream(server.client, "chat", turn2, 8, temperature=0)
+        reused = timed_stream(server, "chat", turn2, 8, temperature=0)
+        unique = [{"role": "user", "content": f"# {time.time_ns()}\n{text}"}] + turn2[1:]
+        fresh = timed_stream(server, "chat", unique, 8, temperature=0)
         warm.append(reused["ttft"])
         cold.append(fresh["ttft"])
         sizes.append((reused.get("prompt_tokens"), reused.get("cached_tokens"), fresh.get("cached_tokens")))
@@ -206,18 +208,16 @@ def ttft_reuse(server: Server, rounds: int, first_tokens: int) -> dict:
 
 def decode_speed(server: Server, count: int, max_tokens: int, temperature: float) -> dict:
     """Streamed completions: tokens/s after the first token, and TTFT."""
-    rates, ttfts = [], []
+    rates, ttfts, texts = [], [], []
     for text in prompts(count):
-        got = timed_stream(server.client, "text", text, max_tokens, temperature=temperature, seed=1)
+        got = timed_stream(server, "text", text, max_tokens, temperature=temperature, seed=1)
         tokens = got.get("completion_tokens") or 0
         if tokens > 1:
             rates.append((tokens - 1) / max(1e-9, got["latency"] - got["ttft"]))
         ttfts.append(got["ttft"])
-    return {
-        "temperature": temperature,
-        "tok_s_median": round(statistics.median(rates), 1),
-        "ttft_s": percentiles(ttfts),
-    }
+        texts.append(got["text"])
+    median = round(statistics.median(rates), 1)
+    return {"temperature": temperature, "tok_s_median": median, "ttft_s": percentiles(ttfts), "texts": texts}
 
 
 def main() -> None:
@@ -252,6 +252,9 @@ def main() -> None:
         finally:
             server.stop()
         print(json.dumps({kind: report[kind]}, indent=1), flush=True)
+    if args.what == "compare":  # greedy is deterministic: both servers should write the same text
+        pairs = zip(report["mlxspec"]["decode"][0]["texts"], report["mlx_lm"]["decode"][0]["texts"])
+        report["greedy_texts_equal"] = [a == b for a, b in pairs]
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
 

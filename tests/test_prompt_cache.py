@@ -78,7 +78,7 @@ def family_dirs(request, tmp_path_factory):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_each_turn_equals_a_cold_run_and_reuses_the_conversation(family_dirs, temperature):
     family, target_dir, draft_dir = family_dirs
-    warm = mlxspec.load(target_dir, draft=draft_dir, num_draft=3, prompt_cache=True)
+    warm = mlxspec.load(target_dir, draft=draft_dir, num_draft=3, prompt_cache=1)
     cold = mlxspec.load(target_dir, draft=draft_dir, num_draft=3)
     hows, accepted = [], 0
     for turn, (prompt, result) in enumerate(
@@ -102,7 +102,7 @@ def test_each_turn_equals_a_cold_run_and_reuses_the_conversation(family_dirs, te
 def test_a_recurrent_target_restores_the_prompt_snapshot_or_recomputes(tmp_path):
     target_dir = save_tiny_model_dir(tmp_path / "target", "qwen3_5")
     draft_dir = save_tiny_model_dir(tmp_path / "draft", "qwen3_5", seed=1)
-    spec = mlxspec.load(target_dir, draft=draft_dir, num_draft=3, prompt_cache=True)
+    spec = mlxspec.load(target_dir, draft=draft_dir, num_draft=3, prompt_cache=1)
     first = spec.generate(FIRST, max_tokens=10, stop_at_eos=False)
     again = spec.generate(FIRST, max_tokens=10, stop_at_eos=False)  # regenerate: shares the prompt, not the answer
     assert (again.stats.prompt_cache, again.stats.reused_tokens) == ("snapshot", len(FIRST) - 1)
@@ -110,12 +110,12 @@ def test_a_recurrent_target_restores_the_prompt_snapshot_or_recomputes(tmp_path)
     assert_cache_equals_plain(spec)
     edited = [FIRST[0], 6, *FIRST[2:]]
     result = spec.generate(edited, max_tokens=10, stop_at_eos=False)
-    assert (result.stats.prompt_cache, result.stats.reused_tokens) == ("recomputed", 0)
+    assert (result.stats.prompt_cache, result.stats.reused_tokens) == ("cold", 0)
     assert_greedy_equal(spec.target.model, edited, result.tokens, mlx_lm_greedy(spec.target.model, edited, 10))
 
 
 def test_an_edited_turn_trims_to_the_common_prefix(tiny_dirs):
-    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3, prompt_cache=True)
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3, prompt_cache=1)
     spec.generate(FIRST, max_tokens=8)
     edited = FIRST[:3] + [6, 6]
     result = spec.generate(edited, max_tokens=8)
@@ -128,7 +128,7 @@ def test_an_edited_turn_trims_to_the_common_prefix(tiny_dirs):
 
 
 def test_other_drafting_options_keep_the_target_cache_and_other_cache_shapes_start_cold(tiny_dirs):
-    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3, prompt_cache=True)
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3, prompt_cache=1)
     prompt = FIRST
     for changes, how in [({}, "cold"), ({"temperature": 0.5}, "prefix"), ({"num_draft": 5}, "cold"), ({}, "cold")]:
         result = spec.generate(prompt, max_tokens=6, seed=1, **changes)
@@ -137,7 +137,7 @@ def test_other_drafting_options_keep_the_target_cache_and_other_cache_shapes_sta
 
 
 def test_a_run_that_fails_mid_step_leaves_nothing_to_reuse(tiny_dirs, monkeypatch):
-    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3, prompt_cache=True)
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3, prompt_cache=1)
     first = spec.generate(FIRST, max_tokens=6)
     drafter = spec.prompt_cache.engine.drafter
     monkeypatch.setattr(drafter, "propose", lambda *a: (_ for _ in ()).throw(MemoryError("out of memory")))
@@ -158,7 +158,7 @@ def test_a_feature_head_keeps_its_rows_aligned_across_turns(tmp_path):
     it resumes from the kept rows and the target recomputes the features past them."""
     target = load_model(save_tiny_model_dir(tmp_path / "one_layer", num_hidden_layers=1))
     target.model.config = target.config
-    spec = Speculator(target, feature_head=copying_head(target.model), prompt_cache=True)
+    spec = Speculator(target, feature_head=copying_head(target.model), prompt_cache=1)
     cold = Speculator(target, feature_head=copying_head(target.model))
     for turn, (prompt, result) in enumerate(conversation(spec, turns=3, max_tokens=16, num_draft=3)):
         reference = cold.generate(prompt, max_tokens=16, num_draft=3)
@@ -174,7 +174,7 @@ def test_a_sliding_window_that_dropped_the_prefix_recomputes(tmp_path):
     """gemma3's window cache keeps window + slack entries, dropping older ones in chunks of 256: past that, an
     earlier cut cannot be trimmed back to, so the prompt is prefilled again (and the output stays exact)."""
     target_dir = save_tiny_model_dir(tmp_path / "gemma3", "gemma3_text")
-    spec = mlxspec.load(target_dir, draft=target_dir, num_draft=3, prompt_cache=True)
+    spec = mlxspec.load(target_dir, draft=target_dir, num_draft=3, prompt_cache=1)
     long_prompt = [(i * 5 + i // 7) % 7 for i in range(300)]
     spec.generate(long_prompt, max_tokens=4)
     kept = [c for c in leaf_caches(spec.prompt_cache.engine.cache) if getattr(c, "start", 0) > 0]
@@ -184,3 +184,20 @@ def test_a_sliding_window_that_dropped_the_prefix_recomputes(tmp_path):
     assert (result.stats.prompt_cache, result.stats.reused_tokens) == ("recomputed", 0)
     assert_greedy_equal(spec.target.model, edited, result.tokens, mlx_lm_greedy(spec.target.model, edited, 8))
     assert_cache_equals_plain(spec)
+
+
+def test_interleaved_conversations_each_continue_their_own_cache(tiny_dirs):
+    """Two clients take turns; with room for both, each second turn reuses its own conversation's cache."""
+    a, b = FIRST, [6, 5, 4, 3, 2, 1, 0]
+    for capacity, how in ((2, "prefix"), (1, "cold")):
+        spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3, prompt_cache=capacity)
+        first_a = spec.generate(a, max_tokens=6, stop_at_eos=False)
+        spec.generate(b, max_tokens=6, stop_at_eos=False)
+        again = a + first_a.tokens + [3]
+        result = spec.generate(again, max_tokens=6, stop_at_eos=False)
+        assert result.stats.prompt_cache == how
+        assert result.stats.reused_tokens == (len(again) - 2 if how == "prefix" else 0)
+        cold = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3)
+        assert result.tokens == cold.generate(again, max_tokens=6, stop_at_eos=False).tokens
+    with pytest.raises(mlxspec.UserError, match="prompt_cache -1"):
+        mlxspec.load(tiny_dirs["target"], prompt_cache=-1)
