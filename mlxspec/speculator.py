@@ -1,0 +1,305 @@
+"""The Speculator: a loaded target and drafter, generating (`generate`, `stream`) with per-call DecodeOptions."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import mlx.core as mx
+
+from . import verify_kernel
+from .caches import CacheSpec, rollback_room
+from .chat_template import encode_messages
+from .drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, make_drafter
+from .engine import SpeculativeEngine
+from .errors import UserError
+from .loading import LoadedModel, check_compatible
+from .options import DecodeOptions
+from .prompt_cache import PromptCache, Reuse
+from .results import Chunk, GenerationResult, Stats
+from .text import TextStream
+
+
+def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
+    """What drafted, in words, for -v, --json and stats.mode."""
+    from .feature_drafter import FeatureDrafter
+    from .medusa import MedusaDrafter
+
+    tree = f" tree {options.depth}x{options.tree_topk}" if options.tree_topk > 1 else ""
+    if isinstance(drafter, FeatureDrafter) and options.tree_topk > 1:
+        tree = f" dynamic tree {drafter.max_nodes} nodes, beam {options.tree_topk}"
+    names = {
+        DraftModelDrafter: "draft model",
+        PromptLookupDrafter: "prompt lookup",
+        MedusaDrafter: "medusa heads",
+        FeatureDrafter: "feature head",
+    }
+    head_drafter = getattr(drafter, "model", drafter)  # behind prompt lookup, or alone
+    if isinstance(head_drafter, FeatureDrafter):
+        names[FeatureDrafter] = "eagle head" if head_drafter.wired.head.config.kind == "eagle" else "mtp head"
+    if drafter is None:
+        return "plain"
+    inner = getattr(drafter, "model", None)
+    if inner is not None and hasattr(drafter, "lookup"):
+        return f"prompt lookup + {names.get(type(inner), type(inner).__name__)}{tree}"
+    if isinstance(drafter, PromptLookupDrafter) and options.lookup_candidates > 1:
+        return f"prompt lookup tree of {options.lookup_candidates}"
+    return names.get(type(drafter), type(drafter).__name__) + tree
+
+
+class Speculator:
+    """A loaded target (and optional draft model or Medusa heads) ready for repeated generation.
+
+    `options` are the defaults of every call; `generate(prompt, temperature=0.7)` overrides one of them.
+    """
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None = None,
+        medusa=None,
+        options: DecodeOptions | None = None,
+        feature_head=None,
+        prompt_cache: int = 0,
+    ):
+        if draft is not None:
+            check_compatible(target, draft)
+        given = [
+            name
+            for name, x in (("a draft model", draft), ("Medusa heads", medusa), ("a feature head", feature_head))
+            if x is not None
+        ]
+        if len(given) > 1:
+            raise UserError(f"{given[0]} and {given[1]} are two drafters; pass one of them")
+        if not isinstance(prompt_cache, int) or prompt_cache < 0:
+            raise UserError(f"prompt_cache {prompt_cache!r} must be a whole number of conversations to keep (0: off)")
+        self.target = target
+        self.draft = draft
+        self.medusa = medusa  # MedusaHeads or None
+        self.feature_head = feature_head  # feature_head.FeatureHead (EAGLE or MTP) or None
+        self.options = (options or DecodeOptions()).validate()
+        self._successors = None  # prompt lookup's corpus table, loaded on first use
+        self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
+        self.last_stats = Stats()
+        # prompt_cache N > 0: the last N runs keep their caches, and a next prompt prefills only past its longest
+        # common prefix with one of them (a chat or server resending conversations). Runs must then not
+        # interleave: one stream at a time.
+        self.prompt_cache = PromptCache(prompt_cache) if prompt_cache else None
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the target's output: every id a prompt may hold."""
+        args = getattr(self.target.model, "args", None)
+        return getattr(args, "vocab_size", None) or len(self.tokenizer.get_vocab())
+
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        if isinstance(prompt, (list, tuple)):
+            tokens = list(prompt)
+            bad = next(
+                (t for t in tokens if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size),
+                None,
+            )
+            if bad is not None:
+                raise UserError(f"prompt token {bad!r} is not a token id of this model (0..{self.vocab_size - 1})")
+        elif isinstance(prompt, str):
+            if not prompt:
+                raise UserError("the prompt is empty; pass some text to continue")
+            # Lone surrogates (undecodable bytes from argv or a file) cannot be tokenized: replace them with U+FFFD.
+            prompt = prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            if chat:
+                tokens = encode_messages(self.tokenizer, [{"role": "user", "content": prompt}], self.target.path)
+            else:
+                tokens = self.tokenizer.encode(prompt)
+        else:
+            raise UserError(f"the prompt is a {type(prompt).__name__}; pass a string or a list of token ids")
+        if not tokens:
+            raise UserError("the prompt encodes to no tokens; pass some text to continue")
+        return tokens
+
+    def fit_context(self, tokens: list[int], options: DecodeOptions, stats: Stats) -> list[int]:
+        """The prompt, or with options.truncate its last tokens that leave room for max_tokens in the context."""
+        context = self.target.context_length
+        if context is None or len(tokens) <= context:
+            return tokens
+        if not options.truncate:
+            raise UserError(
+                f"the prompt has {len(tokens)} tokens but the model's context is {context}; "
+                "pass --truncate (truncate=True) to keep its last tokens, or shorten it"
+            )
+        keep = max(1, context - min(options.max_tokens, context // 2))
+        stats.prompt_truncated_from = len(tokens)
+        return tokens[-keep:]
+
+    def stream(self, prompt: str | list[int], options: DecodeOptions | None = None, **changes: Any) -> Iterator[Chunk]:
+        """Yield text as the target accepts it. Stats of the run land in `self.last_stats` as it goes.
+
+        `options` (default: this Speculator's) with `changes` applied, e.g. stream(p, temperature=0.7, lookup=True);
+        see DecodeOptions for every field.
+        """
+        options = (options or self.options).updated(**changes).validate(self.vocab_size)
+        stats = self.last_stats = Stats()
+        tokens = self.fit_context(self.encode(prompt, options.chat), options, stats)
+        stats.prompt_tokens = len(tokens)
+        healed_text, first_token_mask = "", None
+        if options.heal:
+            from .healing import heal as heal_prompt
+
+            tokens, healed_text, first_token_mask = heal_prompt(self.tokenizer, tokens)
+        stats.seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
+        options, tree_note = self._chain_if_no_trees(options)
+        drafter, controller, stats.note = self._drafting(options)
+        stats.note = stats.note or tree_note
+        stats.mode = describe_drafter(drafter, options)
+        stats.num_draft = 0 if drafter is None else ("auto" if controller is not None else options.depth)
+        reuse = self._reuse(tokens, drafter, options)
+        engine = SpeculativeEngine(
+            self.target.model,
+            reuse.drafter,
+            options.sampling,
+            num_draft=options.depth,
+            seed=stats.seed,
+            kv_bits=options.kv_bits,
+            context_length=self.target.context_length,
+            max_nodes=options.max_nodes,
+            controller=controller,
+            cache=reuse.cache,
+        )
+        engine.first_token_mask = first_token_mask
+        if self.prompt_cache is not None:
+            stats.reused_tokens, stats.prompt_cache = reuse.target_tokens, reuse.how
+        backend, status = verify_kernel.resolve(options.kernel)
+        if status.startswith("unavailable"):
+            verify_kernel.warn_once_without_kernel(status)
+        with contextlib.ExitStack() as stack:
+            layers = stack.enter_context(verify_kernel.routed(self.target.model, backend))
+            if self.feature_head is not None:  # the head's own matrices are read once per draft step as well
+                layers += stack.enter_context(verify_kernel.routed(self.feature_head, backend))
+            stats.kernel = f"{backend.name} ({layers} layers)" if backend is not None else status
+            yield from self._run(engine, reuse, tokens, options, stats, healed_text)
+
+    def _reuse(self, tokens: list[int], drafter: Drafter | None, options: DecodeOptions) -> Reuse:
+        """The caches the last run left that this prompt can continue from, or a cold start (prompt_cache.py)."""
+        if self.prompt_cache is None:
+            return Reuse(None, 0, drafter, 0, "")
+        spec = CacheSpec(rollback_room(drafter, options.depth, options.max_nodes), options.kv_bits)
+        return self.prompt_cache.take(tokens, spec, drafter, options.drafting_key)
+
+    def _run(self, engine, reuse: Reuse, tokens, options: DecodeOptions, stats: Stats, healed_text: str):
+        mx.reset_peak_memory()
+        drafter = engine.drafter
+        start = time.perf_counter()
+        engine.prefill(tokens, reuse.target_tokens, reuse.drafter_tokens)
+        if self.prompt_cache is not None:  # kept by reference: its state follows every step (see PromptCache)
+            self.prompt_cache.keep(engine, options.drafting_key)
+        stats.prompt_seconds = time.perf_counter() - start
+        text = TextStream(self.tokenizer, options.stop, options.stop_at_eos, skip=len(healed_text))
+        start = time.perf_counter()
+        finish = None
+        while finish is None:
+            step = engine.step(options.max_tokens - stats.generated_tokens)
+            stats.target_calls = engine.target_calls
+            stats.sorted_fallbacks = engine.sorted_fallbacks
+            stats.drafted += step.drafted
+            stats.accepted += step.accepted
+            stats.tree_nodes = max(stats.tree_nodes, step.drafted + 1 if options.tree_topk > 1 else 0)
+            new_tokens, saw_eos = text.cut_at_eos(step.tokens)
+            stats.generated_tokens += len(new_tokens)
+            room = engine.room()  # positions left in the target's context after the pending token
+            if saw_eos:
+                finish = "stop"
+            elif stats.generated_tokens >= options.max_tokens or (room is not None and room < 0):
+                finish = "length"
+            piece, stopped = text.add(new_tokens, final=finish is not None)
+            finish = "stop" if stopped else finish
+            stats.generation_seconds = time.perf_counter() - start
+            stats.draft_calls = drafter.calls if drafter is not None else 0
+            stats.peak_memory_bytes = mx.get_peak_memory()
+            yield Chunk(piece, new_tokens, finish)
+
+    def _chain_if_no_trees(self, options: DecodeOptions) -> tuple[DecodeOptions, str]:
+        """A tree on a target that cannot verify one drafts a chain as deep instead, with a note saying why."""
+        wants_tree = options.tree_topk > 1 or (options.lookup and options.lookup_candidates > 1)
+        if not wants_tree:
+            return options, ""
+        from .tree_attention import tree_refusal
+
+        why = tree_refusal(self.target.model)
+        if why is None:
+            return options, ""
+        depth = options.num_draft if options.adaptive else options.depth
+        chain = options.updated(tree_topk=1, tree_nodes=None, lookup_candidates=1, num_draft=depth)
+        return chain, f"{why}; drafting a chain instead"
+
+    def _drafting(self, options: DecodeOptions) -> tuple[Drafter | None, Any, str]:
+        """(drafter, adaptive controller, a note when falling back to plain decoding) for these options."""
+        from .caches import rollback_blocker
+        from .feature_drafter import FeatureDrafter
+
+        wants_model = options.use_draft and any(x is not None for x in (self.draft, self.medusa, self.feature_head))
+        if not (wants_model or options.lookup):
+            return make_drafter(options), None, ""  # None, or the refusal of a tree with nothing to branch
+        if self._blocker is None:  # the target's cache layout does not change: look once
+            self._blocker = rollback_blocker(self.target.model) or ""
+        blocker = self._blocker or None
+        if blocker is not None:
+            if not self.options.lookup or wants_model:  # asked for by name: refuse rather than silently not draft
+                from .caches import cannot_roll_back
+
+                raise cannot_roll_back(self.target.model, blocker)
+            note = f"the target keeps recurrent state ({blocker}) that cannot be rolled back; decoding plainly"
+            return None, None, note
+        successors = self.corpus_successors() if options.lookup and options.corpus_fallback else None
+        drafter = make_drafter(
+            options,
+            draft_model=self.draft.model if self.draft is not None else None,
+            medusa=self.medusa,
+            target_model=self.target.model,
+            successors=successors,
+            feature_head=self.feature_head,
+        )
+        controller = None
+        if (
+            options.adaptive
+            and options.tree_topk == 1
+            and isinstance(drafter, (DraftModelDrafter, PromptLookupDrafter, FeatureDrafter))
+        ):
+            controller = self.draft_length_controller(
+                options.depth, with_draft=isinstance(drafter, DraftModelDrafter), kernel=options.kernel
+            )
+            if not controller.can_win:
+                return None, None, "verification costs too much on this device for drafting to pay; decoding plainly"
+            if isinstance(drafter, PromptLookupDrafter):
+                controller = None  # lookup drafts what matches, up to k; the curve only decides whether to draft
+        return drafter, controller, ""
+
+    def draft_length_controller(self, max_draft: int, with_draft: bool = True, kernel: str = "auto"):
+        """Adaptive draft length from this device's measured cost curve (measured once, then cached)."""
+        from .costs import DraftLengthController, speculator_curve
+
+        curve = speculator_curve(self, tuple(range(1, max_draft + 2)), with_draft=with_draft, kernel=kernel)
+        return DraftLengthController(curve, max_draft)
+
+    def corpus_successors(self):
+        """Prompt lookup's fallback table for this tokenizer (built once per machine, then read once per load)."""
+        if self._successors is None:
+            from .ngram_table import corpus_successors
+
+            self._successors = corpus_successors(self.tokenizer, self.vocab_size)
+        return self._successors
+
+    def generate(
+        self, prompt: str | list[int], options: DecodeOptions | None = None, **changes: Any
+    ) -> GenerationResult:
+        pieces, tokens, finish = [], [], None
+        for chunk in self.stream(prompt, options, **changes):
+            pieces.append(chunk.text)
+            tokens.extend(chunk.tokens)
+            finish = chunk.finish_reason
+        return GenerationResult("".join(pieces), tokens, self.last_stats, finish)
