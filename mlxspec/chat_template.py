@@ -12,7 +12,7 @@ def encode_messages(tokenizer: Any, messages: list[dict], model_path: Path | str
     """Token ids of `messages` ({role, content} with text content) followed by the assistant's generation prompt."""
     if not getattr(tokenizer, "chat_template", None):
         raise UserError(
-            f"'{model_path}' has no chat template; send plain text instead (drop --chat, or use completions)"
+            f"'{model_path}' has no chat template; continue plain text instead (drop --chat, or use /v1/completions)"
         )
     try:
         tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)

@@ -186,6 +186,28 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     return request
 
 
+# DecodeOptions' names, as its one-line refusals start with them, and the request parameters that set them.
+OPTION_PARAMS = {
+    "max_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "seed": "seed",
+    "stop": "stop",
+    "num_draft": "speculative.num_draft",
+}
+
+
+def param_named(message: str, prompt_param: str) -> str | None:
+    """The request parameter a DecodeOptions or prompt refusal is about: its message starts with the option's name,
+    or speaks of the prompt (messages for chat)."""
+    first = message.split(" ", 1)[0]
+    if first in OPTION_PARAMS:
+        return OPTION_PARAMS[first]
+    return prompt_param if "prompt" in message or "chat template" in message else None
+
+
 def usage(stats: Stats) -> dict:
     """OpenAI's usage object, with the reused prefix as prompt_tokens_details.cached_tokens and the speculative
     statistics as an extension."""

@@ -91,4 +91,9 @@ def chat(**p) -> None:
     check_contradictions(p)
     options = options_from(p).validate()
     speculator = load_speculator(p, options, PLANNED_CHARS, click.echo, prompt_cache=1)
+    if not getattr(speculator.tokenizer, "chat_template", None):
+        raise UserError(
+            f"'{speculator.target.path}' has no chat template, so it cannot chat; continue text with "
+            "`mlxspec generate` instead"
+        )
     run_chat(speculator, p["system"], p["verbose"])

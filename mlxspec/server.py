@@ -228,7 +228,7 @@ class OpenAIServer:
             else:
                 tokens = spec.encode(parsed.prompt)
         except UserError as error:
-            raise RequestError(str(error), param=where if "prompt" in str(error) else None) from None
+            raise RequestError(str(error), param=wire.param_named(str(error), where)) from None
         context = min(c for c in (spec.target.context_length, self.config.max_context, 2**62) if c)
         if len(tokens) >= context:
             raise RequestError(

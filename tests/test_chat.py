@@ -56,3 +56,14 @@ def test_ctrl_c_stops_the_answer_not_the_session():
     assert " [stopped]" in out
     stats = next(line for line in out.splitlines() if "alpha=" in line)
     assert int(stats.split("tokens=")[1].split()[0]) < 480
+
+
+def test_a_model_without_a_chat_template_is_refused_in_one_line(tiny_dirs):
+    run = subprocess.run(
+        [*CHAT, "--model", str(tiny_dirs["target"])], input="hi\n", capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip() == (
+        f"mlxspec: error: '{tiny_dirs['target']}' has no chat template, so it cannot chat; continue text with "
+        "`mlxspec generate` instead"
+    )

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxspec.openai_api import RequestError, chunk, parse_request, usage
+from mlxspec.openai_api import RequestError, chunk, param_named, parse_request, usage
 from mlxspec.results import Stats
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
@@ -102,3 +102,12 @@ def test_the_first_chat_chunk_carries_the_role_and_the_last_the_finish_reason():
     assert chunk("chat", "i", 0, "m", "he", None, True)["choices"][0]["delta"] == {"role": "assistant", "content": "he"}
     last = chunk("chat", "i", 0, "m", None, "stop", False)["choices"][0]
     assert last["delta"] == {} and last["finish_reason"] == "stop"
+
+
+def test_option_refusals_name_the_request_parameter():
+    assert param_named("seed 18446744073709551616 must be a whole number in 0..2**64-1", "messages") == "seed"
+    assert param_named("num_draft 0 is outside 1..64; 4 is a good start", "prompt") == "speculative.num_draft"
+    assert param_named("top_p 1.5 is outside (0, 1]; use 1.0 to disable it", "prompt") == "top_p"
+    assert param_named("the prompt is empty; pass some text to continue", "prompt") == "prompt"
+    assert param_named("'m' has no chat template; complete plain text instead", "messages") == "messages"
+    assert param_named("something else", "prompt") is None

@@ -163,6 +163,9 @@ def test_turning_drafting_off_per_request_changes_only_the_speed(client):
         (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
         (dict(content="x = 1\n" * 300), "messages"),  # longer than the 512-token context
         (dict(extra_body={"speculative": {"depth": 3}}), "speculative"),
+        (dict(seed=2**64), "seed"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(extra_body={"speculative": {"num_draft": 0}}), "speculative.num_draft"),
     ],
 )
 def test_bad_requests_get_a_400_naming_the_parameter_and_the_server_goes_on(client, kwargs, param):
