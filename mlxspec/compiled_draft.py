@@ -10,10 +10,12 @@ The draft only proposes; whatever it computes, verification keeps the output exa
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from .sampling import SamplingConfig, sample, to_probs
@@ -81,6 +83,37 @@ def supports_compiled_draft(model: nn.Module) -> bool:
         return False
 
 
+def chain_graph(model, sampling, tree_topk, inputs, offset, keys, values, random_keys, num_tokens):
+    """inputs [P] int32 fed at `offset`, then num_tokens draft steps. Returns (tokens [K] or [K, topk], draft
+    probabilities [K, V] (sampled chains only, else an empty array), new keys, new values)."""
+    caches = static_caches(keys, values, offset)
+    tokens, probs = [], []
+    for i in range(num_tokens):
+        logits = model(inputs[None], cache=caches)[0, -1]
+        for c in caches:
+            c.offset = c.offset + inputs.shape[0]
+        key = random_keys[i] if random_keys.size else None
+        token, proposed, q = pick_draft_token(logits, sampling, tree_topk, key)
+        tokens.append(proposed)
+        if q is not None:
+            probs.append(q)
+        inputs = token[None]
+    out_probs = mx.stack(probs) if probs else mx.zeros((0,))
+    return mx.concatenate(tokens), out_probs, [c.keys for c in caches], [c.values for c in caches]
+
+
+def shared_chain(model: nn.Module, sampling: SamplingConfig, tree_topk: int):
+    """The compiled chain of (model, sampling, tree_topk), one per model: every drafter built on the model replays
+    the same traces instead of tracing its own (a few milliseconds each; a server builds a drafter per request).
+    Kept in the model's attribute dict, beside its parameters rather than among them. A trace holds the weights it
+    was traced with, so the key names them: weights replaced by `update` or `load_weights` trace anew."""
+    chains = model.__dict__.setdefault("_mlxspec_compiled_chains", {})
+    key = (sampling, tree_topk, tuple(id(w) for _, w in tree_flatten(model.parameters())))
+    if key not in chains:
+        chains[key] = mx.compile(partial(chain_graph, model, sampling, tree_topk))
+    return chains[key]
+
+
 class CompiledDraftChain:
     """The draft model's KV state and its compiled chain step; the offset lives on the host as a Python int."""
 
@@ -89,7 +122,7 @@ class CompiledDraftChain:
         self.keys: list[mx.array] = []
         self.values: list[mx.array] = []
         self.offset = 0
-        self._chain = mx.compile(self._chain_graph)
+        self._chain = shared_chain(model, sampling, tree_topk)
 
     @property
     def capacity(self) -> int:
@@ -122,24 +155,6 @@ class CompiledDraftChain:
             self.keys, self.values = [c.keys for c in caches], [c.values for c in caches]
             self.offset += len(piece)
         mx.eval(self.keys, self.values)
-
-    def _chain_graph(self, inputs, offset, keys, values, random_keys, num_tokens):
-        """inputs [P] int32 fed at `offset`, then num_tokens draft steps. Returns (tokens [K] or [K, topk], draft
-        probabilities [K, V] (sampled chains only, else an empty array), new keys, new values)."""
-        caches = static_caches(keys, values, offset)
-        tokens, probs = [], []
-        for i in range(num_tokens):
-            logits = self.model(inputs[None], cache=caches)[0, -1]
-            for c in caches:
-                c.offset = c.offset + inputs.shape[0]
-            key = random_keys[i] if random_keys.size else None
-            token, proposed, q = pick_draft_token(logits, self.sampling, self.tree_topk, key)
-            tokens.append(proposed)
-            if q is not None:
-                probs.append(q)
-            inputs = token[None]
-        out_probs = mx.stack(probs) if probs else mx.zeros((0,))
-        return mx.concatenate(tokens), out_probs, [c.keys for c in caches], [c.values for c in caches]
 
     def propose(self, pending: list[int], num_tokens: int, key: mx.array | None) -> tuple[mx.array, mx.array | None]:
         """Lazily draft num_tokens after feeding `pending`; the cache keeps pending + the first K-1 drafts."""

@@ -82,3 +82,18 @@ def test_compiled_draft_grows_past_its_first_capacity():
             outs.append(tokens)
         assert outs[0] == outs[1]
     assert compiled.compiled.capacity == 512
+
+
+def test_drafters_of_one_model_share_traces_and_new_weights_trace_anew():
+    """A compiled chain holds the weights it was traced with: drafters on the same model share it, and after
+    `update` the next drafter drafts with the new weights, as a fresh model with those weights does."""
+    draft, other = make_tiny("llama", seed=1), make_tiny("llama", seed=2)
+    first = DraftModelDrafter(draft, SamplingConfig(), 3)
+    assert DraftModelDrafter(draft, SamplingConfig(), 3).compiled._chain is first.compiled._chain
+    before = drive(first, SamplingConfig())
+    draft.update(other.parameters())
+    after = drive(DraftModelDrafter(draft, SamplingConfig(), 3), SamplingConfig())
+    assert [t for t, _ in after] == [
+        t for t, _ in drive(DraftModelDrafter(other, SamplingConfig(), 3), SamplingConfig())
+    ]
+    assert [t for t, _ in after] != [t for t, _ in before]
