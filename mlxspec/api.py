@@ -45,6 +45,7 @@ LOAD_KEYS = (
     "eagle",
     "mtp",
     "prompt_cache",
+    "distributed",
 )
 
 
@@ -61,6 +62,7 @@ def load(
     eagle: str | Path | None = None,
     mtp: str | Path | bool | None = None,
     prompt_cache: int = 0,
+    distributed: str | None = None,
 ) -> Speculator:
     """Load a target and a drafter once.
 
@@ -69,7 +71,9 @@ def load(
     num_draft, kv_bits and draft_window become the default DecodeOptions of every call. eagle: a directory written
     by `train-heads --kind eagle`; mtp: True for the native MTP head in the model's own files, or a directory or
     repo of the original checkpoint that holds it. prompt_cache=N: keep the caches of the last N runs, so a next
-    prompt sharing a prefix with one of them (a conversation) prefills only the rest.
+    prompt sharing a prefix with one of them (a conversation) prefills only the rest. distributed="tensor": under
+    `mlx.launch`, split the target across the ranks (the drafter is replicated; -k auto becomes 4, since each rank
+    would measure its own cost curve).
     """
     options = (options or DecodeOptions()).updated(num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window)
     options = options.validate()
@@ -81,7 +85,18 @@ def load(
         heads_given.insert(0, "draft")
     if len(heads_given) > 1:
         raise UserError(f"{heads_given[0]} and {heads_given[1]} are two drafters; pass one of them")
-    target = load_model(model or DEFAULT_TARGET, quantize_bits=quantize_target)
+    if distributed is not None and any(x not in (None, False) for x in (medusa, eagle, mtp)):
+        raise UserError("--distributed drafts with a draft model or prompt lookup so far; drop the heads")
+    sharding = None
+    if distributed is not None:
+        from .distributed import start
+
+        sharding = start(distributed)
+        if options.adaptive:
+            options = options.updated(num_draft=4)
+    target = load_model(
+        model or DEFAULT_TARGET, quantize_bits=quantize_target, shard=sharding.shard if sharding else None
+    )
     if draft == "auto":
         draft = DEFAULT_DRAFT if model is None and not heads_given else None
         if draft is None and not heads_given and not options.lookup:
@@ -105,7 +120,13 @@ def load(
         feature_head = load_mtp_head(target, None if mtp is True else mtp, bits=bits)
     warn_if_slow_blas()
     return Speculator(
-        target, draft_model, medusa=heads, options=options, feature_head=feature_head, prompt_cache=prompt_cache
+        target,
+        draft_model,
+        medusa=heads,
+        options=options,
+        feature_head=feature_head,
+        prompt_cache=prompt_cache,
+        sharding=sharding,
     )
 
 

@@ -107,6 +107,13 @@ def read_prompt(prompt: str) -> tuple[str, str | None]:
 @click.option(
     "--truncate", is_flag=True, help="Keep the prompt's last tokens that fit the context instead of refusing."
 )
+@click.option(
+    "--distributed",
+    type=click.Choice(["tensor", "pipeline"]),
+    default=None,
+    help="Under mlx.launch: split the target across the ranks (tensor parallel); the drafter runs on every rank "
+    "and rank 0 prints.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 @click.option("-v", "--verbose", is_flag=True, help="Print what drafted and a stats line to stderr.")
 def generate(prompt: str, **params) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -103,6 +104,8 @@ class SpeculativeEngine:
         self.wants_hidden = drafter is not None and drafter.uses_target_hidden
         self._hidden: mx.array | None = None
         self._prefetched: mx.array | None = None  # [1, V] lazy logits of a queued plain forward (see _plain_step)
+        # Sharded targets (distributed.py): rank 0's step outcome for every rank, inside the step's one sync.
+        self.agree: Callable[[mx.array], mx.array] | None = None
 
     def prefill(self, prompt: list[int], reused: int = 0, drafter_reused: int = 0) -> None:
         """Feed all but the last prompt token; the last one is verified together with the first draft.
@@ -257,16 +260,19 @@ class SpeculativeEngine:
             self.position += 1
             self._count_forward(1)
             mx.async_eval(self._prefetched)
-        value, redraw = to_host(mx.concatenate([token, short[None].astype(mx.int32)]))
+        value, redraw = self._host(mx.concatenate([token, short[None].astype(mx.int32)]))
         if redraw:  # rare: the token came from too few ranked candidates; the queued forward fed it, so undo that
             self.sorted_fallbacks += 1
             if self._prefetched is not None:
                 self._prefetched = None
                 self._roll_back(1)
-            value = to_host(self._target_samples(logits[-1:], key, ranked=True)[0])[0]
+            value = self._host(self._target_samples(logits[-1:], key, ranked=True)[0])[0]
         self._mark("accept")
         self.pending = [] if self._prefetched is not None else [value]
         return StepResult([value], 0, 0, [], [])
+
+    def _host(self, values: mx.array) -> list[int]:
+        return to_host(values if self.agree is None else self.agree(values))
 
     def _roll_back(self, num_tokens: int) -> None:
         rollback(self.cache, num_tokens)
@@ -290,8 +296,8 @@ class SpeculativeEngine:
 
     def _decodes_plainly(self) -> bool:
         """Whether every later step is certain to be plain decoding (no drafter, or one that cannot pay)."""
-        if self.wants_hidden or self.first_token_mask is not None:
-            return False
+        if self.wants_hidden or self.first_token_mask is not None or self.agree is not None:
+            return False  # (sharded: a queued forward would feed this rank's token before the ranks agree on it)
         return self.drafter is None or (self.controller is not None and not self.controller.can_win)
 
     def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
@@ -301,10 +307,12 @@ class SpeculativeEngine:
         target_probs, short = to_probs_checked(logits, self.sampling)
         self._mark("target probs", target_probs)
         accepted = self._accept_chain(draft, target_probs, key)
-        values = to_host(mx.concatenate([*accepted, short.any()[None].astype(mx.int32), draft.tokens]))
+        values = self._host(mx.concatenate([*accepted, short.any()[None].astype(mx.int32), draft.tokens]))
         if values[2]:  # rare: a target row's top-p set reached past its ranked candidates; redo, same key
             self.sorted_fallbacks += 1
-            values[:2] = to_host(mx.concatenate(self._accept_chain(draft, to_probs_sorted(logits, self.sampling), key)))
+            values[:2] = self._host(
+                mx.concatenate(self._accept_chain(draft, to_probs_sorted(logits, self.sampling), key))
+            )
         num_accepted, next_token, proposed = values[0], values[1], values[3:]
         self._mark("accept")
         self._keep(num_draft, proposed[:num_accepted])
@@ -345,13 +353,13 @@ class SpeculativeEngine:
         self._mark("verify", logits)
         samples, short = self._target_samples(logits, key)
         self._mark("target probs", samples)
-        values = to_host(
+        values = self._host(
             mx.concatenate([*self._accept_samples(draft, samples), short[None].astype(mx.int32), draft.tokens])
         )
         if values[2]:  # rare: some row ranked too few candidates; redraw every row from the whole vocabulary, same key
             self.sorted_fallbacks += 1
             samples = self._target_samples(logits, key, ranked=True)[0]
-            values[:2] = to_host(mx.concatenate(self._accept_samples(draft, samples)))
+            values[:2] = self._host(mx.concatenate(self._accept_samples(draft, samples)))
         deepest, next_token, proposed = values[0], values[1], values[3:]
         self._mark("accept")
         path = shape.path_to(deepest)

@@ -129,6 +129,7 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
         mtp=True if p.get("mtp_source") == MTP_IN_MODEL else p.get("mtp_source"),
         options=options,
         prompt_cache=prompt_cache,
+        distributed=p.get("distributed"),
         **settings,
     )
     if model is not None and draft is None and not p["no_draft"] and not heads and not p["lookup"]:
@@ -142,10 +143,16 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
     return speculator
 
 
+def quiet(*args, **kwargs) -> None:
+    """What ranks other than 0 print: nothing (rank 0 alone prints and reports)."""
+
+
 def run_generate(prompt: str, p: dict, echo: Callable) -> None:
     check_contradictions(p)
     options = options_from(p).validate()
     speculator = load_speculator(p, options, len(prompt), echo)
+    if speculator.sharding is not None and speculator.sharding.rank != 0:
+        echo = quiet
     if p["as_json"]:
         result = speculator.generate(prompt)
         stats = result.stats

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,12 @@ def check_model_files(path: Path) -> None:
         )
 
 
-def load_model(name: str | Path, quantize_bits: int | None = None, group_size: int = 64) -> LoadedModel:
-    """Load an mlx-lm model; on the CPU backend compute in float32, since half-precision matmul is emulated there."""
+def load_model(
+    name: str | Path, quantize_bits: int | None = None, group_size: int = 64, shard: Callable | None = None
+) -> LoadedModel:
+    """Load an mlx-lm model; on the CPU backend compute in float32, since half-precision matmul is emulated there.
+
+    shard(model): split it across distributed ranks before any weight is read, so each rank reads only its part."""
     from mlx_lm.utils import load as mlx_lm_load
     from mlx_lm.utils import quantize_model
     from transformers.utils import logging as transformers_logging
@@ -103,7 +108,7 @@ def load_model(name: str | Path, quantize_bits: int | None = None, group_size: i
     path = resolve_model_path(name)
     check_model_files(path)
     try:
-        model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+        model, tokenizer, config = mlx_lm_load(str(path), return_config=True, lazy=shard is not None)
     except (ValueError, FileNotFoundError, KeyError, TypeError, json.JSONDecodeError) as exc:
         detail = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"could not load '{name}': {detail}") from None
@@ -111,6 +116,8 @@ def load_model(name: str | Path, quantize_bits: int | None = None, group_size: i
         raise UserError(
             f"could not read the weights in '{name}' ({type(exc).__name__}); re-download the model"
         ) from None
+    if shard is not None:
+        shard(model)
     if quantize_bits:
         if quantize_bits not in (4, 8):
             raise UserError(f"--quantize-target {quantize_bits} is not supported; use 4 or 8")

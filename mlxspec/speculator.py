@@ -64,6 +64,7 @@ class Speculator:
         options: DecodeOptions | None = None,
         feature_head=None,
         prompt_cache: int = 0,
+        sharding=None,
     ):
         if draft is not None:
             check_compatible(target, draft)
@@ -88,6 +89,7 @@ class Speculator:
         # common prefix with one of them (a chat or server resending conversations). Runs must then not
         # interleave: one stream at a time.
         self.prompt_cache = PromptCache(prompt_cache) if prompt_cache else None
+        self.sharding = sharding  # distributed.Sharding: the target split across ranks, or None
 
     @property
     def tokenizer(self):
@@ -172,6 +174,7 @@ class Speculator:
             cache=reuse.cache,
         )
         engine.first_token_mask = first_token_mask
+        engine.agree = self.sharding.agree if self.sharding is not None else None
         if self.prompt_cache is not None:
             stats.reused_tokens, stats.prompt_cache = reuse.target_tokens, reuse.how
         backend, status = verify_kernel.resolve(options.kernel)
