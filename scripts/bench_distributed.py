@@ -1,0 +1,69 @@
+"""Tokens/s of plain and speculative decoding with the target sharded over the ranks mlx.launch starts (or on one
+process without it), and the cost of one all-reduce, on the openings of held-out stdlib files.
+
+  python scripts/bench_distributed.py --model runs/target-24x768                       # 1 process
+  mlx.launch -n 2 --backend ring --python .venv/bin/python scripts/bench_distributed.py \\
+      --model runs/target-24x768 --distributed                                        # 2 ranks, tensor parallel
+
+Rank 0 prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_bench import prompts  # noqa: E402
+
+import mlxspec  # noqa: E402
+
+
+def all_reduce_ms(sharding, width: int, repeats: int = 50) -> float:
+    """One all_sum of a [1, width] float32 row (what a layer's output all-reduce moves per token), in ms."""
+    x = mx.ones((1, width))
+    mx.eval(mx.distributed.all_sum(x, group=sharding.group))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        x = mx.distributed.all_sum(x, group=sharding.group) * 0.5
+        mx.eval(x)
+    return (time.perf_counter() - start) / repeats * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--draft", default="models/draft")
+    parser.add_argument("--distributed", action="store_true")
+    parser.add_argument("-k", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    args = parser.parse_args()
+    spec = mlxspec.load(args.model, draft=args.draft, distributed="tensor" if args.distributed else None)
+    texts = prompts(args.prompts)
+    spec.generate(texts[0], max_tokens=8)  # warm up: traces, kernel, caches
+    report = {"ranks": spec.sharding.size if spec.sharding else 1, "model": args.model, "k": args.k}
+    for name, options in (("plain", dict(use_draft=False)), ("draft", dict(num_draft=args.k))):
+        rates, taus = [], []
+        for text in texts:
+            result = spec.generate(text, max_tokens=args.max_tokens, temperature=0, **options)
+            rates.append(result.stats.tokens_per_second)
+            taus.append(result.stats.tokens_per_target_call)
+        report[name] = {"tok_s_median": round(statistics.median(rates), 2), "tau": round(statistics.mean(taus), 2)}
+    report["speculative_over_plain"] = round(report["draft"]["tok_s_median"] / report["plain"]["tok_s_median"], 3)
+    if spec.sharding:
+        width = spec.target.config["hidden_size"]
+        report["all_reduce_ms"] = round(all_reduce_ms(spec.sharding, width), 3)
+        report["all_reduces_per_forward"] = 2 * spec.target.config["num_hidden_layers"]
+    if spec.sharding is None or spec.sharding.rank == 0:
+        print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
