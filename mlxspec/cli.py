@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"cannot write the output: {exc.strerror}")
     except UserError as exc:
         _fail(str(exc))
+    except RuntimeError as exc:
+        if "[ring]" not in str(exc) and "peer" not in str(exc):
+            raise
+        _fail(f"another distributed rank stopped ({exc}); this rank stops too", 1)
 
 
 def format_stats(stats) -> str:
