@@ -118,7 +118,7 @@ class CompiledDraftChain:
     """The draft model's KV state and its compiled chain step; the offset lives on the host as a Python int."""
 
     def __init__(self, model: nn.Module, sampling: SamplingConfig, tree_topk: int = 1):
-        self.model, self.sampling, self.tree_topk = model, sampling, tree_topk
+        self.model = model
         self.keys: list[mx.array] = []
         self.values: list[mx.array] = []
         self.offset = 0

@@ -84,14 +84,13 @@ def cached_drafts_with_tokenizer(target: Path, limit: int = 3) -> list[str]:
 
 
 def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Callable, prompt_cache: int = 0):
-    """The Speculator the command-line options ask for (generate, chat and serve): refuse contradictions, plan
-    against --memory-budget for prompt_chars + max_tokens, then load."""
+    """The Speculator the command-line options ask for (generate, chat and serve; each has refused contradictory
+    flags first, with check_contradictions): plan against --memory-budget for prompt_chars + max_tokens, then load."""
     from .api import SlowBLASWarning, load
     from .cli_options import MTP_IN_MODEL
     from .loading import DEFAULT_DRAFT, DEFAULT_TARGET
     from .verify_kernel import KernelMissingWarning
 
-    check_contradictions(p)
     model, draft = p["model"], p["draft"]
     heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source")
     draft_arg = None if (p["no_draft"] or heads) else (draft or "auto")

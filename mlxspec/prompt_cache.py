@@ -65,14 +65,17 @@ class Entry:
     drafter_key: tuple
 
 
+def snapshot_at(engine: Any) -> int | None:
+    """Where the engine's end-of-prompt snapshot of its recurrent layers stands (None: it keeps none)."""
+    return engine.prompt_snapshot[0] if engine.prompt_snapshot else None
+
+
 def reachable(engine: Any, prompt: list[int]) -> int:
     """How many of prompt's tokens the engine's target cache could continue from (drafters aside)."""
     if engine.mid_step:
         return 0
-    snapshot_at = engine.prompt_snapshot[0] if engine.prompt_snapshot else None
     held = engine.history[: engine.position + len(engine.replay)]  # what it holds once its replay is fed
-    position = len(held)
-    return target_points(held, position, prompt, snapshot_at, bool(engine.recurrent))[0]
+    return target_points(held, len(held), prompt, snapshot_at(engine), bool(engine.recurrent))[0]
 
 
 class PromptCache:
@@ -110,14 +113,13 @@ class PromptCache:
         drafter = engine.drafter if kept_key == drafter_key and engine.drafter is not None else fresh_drafter
         drafter_tokens = drafter.reusable(prompt) if drafter is not fresh_drafter else 0
         drafter_tokens = max(0, min(drafter_tokens, len(prompt) - 1))
-        snapshot_at = engine.prompt_snapshot[0] if engine.prompt_snapshot else None
         # A drafter that reads the target's features of every position past what it keeps: both reuse one length.
         joint = drafter is not None and drafter.uses_target_hidden
         n = target_points(
             engine.history,
             engine.position,
             prompt,
-            snapshot_at,
+            snapshot_at(engine),
             bool(engine.recurrent),
             drafter_tokens if joint else None,
         )[0]
@@ -135,7 +137,7 @@ class PromptCache:
             elif not engine.recurrent:
                 trim_attention(engine.cache, engine.position - n)
         except RuntimeError:  # a sliding window or chunk that has dropped the positions needed: recompute
-            if drafter is not None and drafter.uses_target_hidden:
+            if joint:
                 return Reuse(None, 0, fresh_drafter, 0, RECOMPUTED)
             return Reuse(None, 0, drafter, drafter_tokens, RECOMPUTED)
         return Reuse(engine.cache, n, drafter, drafter_tokens, how)

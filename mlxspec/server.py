@@ -43,7 +43,7 @@ class ServeConfig:
     model_id: str  # what /v1/models lists and every response names
     api_key: str | None = None
     max_queue: int = 16  # requests waiting behind the running one; more get 503
-    max_context: int | None = None  # longest prompt + answer in tokens (None: the model's context)
+    max_context: int | None = None  # longest prompt in tokens a request may send (None: the model's context)
     verbose: bool = False
 
 
