@@ -71,9 +71,9 @@ def load(
     num_draft, kv_bits and draft_window become the default DecodeOptions of every call. eagle: a directory written
     by `train-heads --kind eagle`; mtp: True for the native MTP head in the model's own files, or a directory or
     repo of the original checkpoint that holds it. prompt_cache=N: keep the caches of the last N runs, so a next
-    prompt sharing a prefix with one of them (a conversation) prefills only the rest. distributed="tensor": under
-    `mlx.launch`, split the target across the ranks (the drafter is replicated; -k auto becomes 4, since each rank
-    would measure its own cost curve).
+    prompt sharing a prefix with one of them (a conversation) prefills only the rest. distributed="tensor" or
+    "pipeline": under `mlx.launch`, split the target across the ranks (the drafter is replicated; -k auto becomes 4,
+    since each rank would measure its own cost curve).
     """
     options = (options or DecodeOptions()).updated(num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window)
     options = options.validate()
@@ -85,8 +85,6 @@ def load(
         heads_given.insert(0, "draft")
     if len(heads_given) > 1:
         raise UserError(f"{heads_given[0]} and {heads_given[1]} are two drafters; pass one of them")
-    if distributed is not None and any(x not in (None, False) for x in (medusa, eagle, mtp)):
-        raise UserError("--distributed drafts with a draft model or prompt lookup so far; drop the heads")
     sharding = None
     if distributed is not None:
         from .distributed import start

@@ -115,8 +115,8 @@ def read_prompt(prompt: str) -> tuple[str, str | None]:
     "--distributed",
     type=click.Choice(["tensor", "pipeline"]),
     default=None,
-    help="Under mlx.launch: split the target across the ranks (tensor parallel); the drafter runs on every rank "
-    "and rank 0 prints.",
+    help="Under mlx.launch: split the target across the ranks, each layer (tensor) or by layers (pipeline); the "
+    "drafter runs on every rank and rank 0 prints.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 @click.option("-v", "--verbose", is_flag=True, help="Print what drafted and a stats line to stderr.")

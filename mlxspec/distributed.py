@@ -1,23 +1,31 @@
 """The target sharded over `mx.distributed` ranks (started by `mlx.launch`), the drafter replicated on every rank.
 
-Every rank runs the same engine on the same tokens: the draft model (or prompt lookup) is small and deterministic,
-so identical inputs and seeds give identical drafts without communicating them. Only the target is split: its
-tensor-parallel layers (mlx-lm's `model.shard(group)`) all-reduce inside each forward, so one verify pass of K+1
-tokens pays the same two all-reduces per layer as a single token. The step's one host sync carries rank 0's
-accepted count and tokens to every rank (`agree`), so ranks can never disagree on what was emitted.
+Every rank runs the same engine on the same tokens: the drafter (a draft model, prompt lookup or heads) is small and
+deterministic, so identical inputs and seeds (rank 0's, `common_seed`) give identical drafts without communicating
+them. Two cheap guards keep that true: ranks must run the same software (`check_same_software`, once), and every
+step's draft tokens are rank 0's (`same_draft`, before the target reads them), so a draft model that rounds
+differently on another chip cannot feed the ranks different tokens. Only the target is split, by mlx-lm's own code:
+- tensor: every layer's heads and MLP units split (`model.shard(group)`), two all-reduces per layer;
+- pipeline: consecutive layers per rank (`model.model.pipeline(group)`), one hop per rank and a final all-gather
+  that gives every rank the last hidden state.
+Either way one verify pass of K+1 tokens pays the same communication as a single token. The step's one host sync
+carries rank 0's accepted count and tokens to every rank (`agree`), so ranks can never disagree on what was emitted.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from .caches import model_family, recurrent_family
 from .errors import UserError
+from .target_features import text_model
 
-MODES = ("tensor",)  # pipeline parallelism is not built yet
-LAUNCH = "mlx.launch -n 2 --backend ring --python PYTHON LAUNCHER generate ... --distributed tensor"
+MODES = ("tensor", "pipeline")
+LAUNCH = "mlx.launch -n 2 --backend ring --python PYTHON LAUNCHER generate ... --distributed MODE"
 
 
 @dataclass
@@ -34,11 +42,42 @@ class Sharding:
         return self.group.size()
 
     def shard(self, model: nn.Module) -> None:
-        """Split the target's layers across the ranks, in place (before its weights are read)."""
+        """Split the target across the ranks, in place (before its weights are read)."""
+        if self.mode == "pipeline":
+            self._pipeline(model)
+            return
         if not hasattr(model, "shard"):
-            family = getattr(getattr(model, "args", None), "model_type", type(model).__name__)
-            raise UserError(f"mlx-lm cannot shard {family} for tensor parallelism; run it on one machine")
+            other = (
+                "use --distributed pipeline"
+                if hasattr(text_model(model).model, "pipeline")
+                else "run it on one machine"
+            )
+            raise UserError(f"mlx-lm cannot shard {model_family(model)} for tensor parallelism; {other}")
+        config = text_config(model)
+        for name in ("num_attention_heads", "num_key_value_heads"):
+            if config.get(name) and config[name] % self.size:
+                raise UserError(
+                    f"{model_family(model)} has {name}={config[name]}, which {self.size} ranks cannot split evenly; "
+                    f"use a number of ranks that divides it"
+                )
         model.shard(self.group)
+
+    def _pipeline(self, model: nn.Module) -> None:
+        inner = text_model(model).model
+        if not hasattr(inner, "pipeline"):
+            other = "use --distributed tensor" if hasattr(model, "shard") else "run it on one machine"
+            raise UserError(f"mlx-lm has no pipeline split for {model_family(model)}; {other}")
+        layers = len(inner.layers)
+        if layers < self.size:
+            raise UserError(f"{model_family(model)} has {layers} layers, fewer than the {self.size} ranks")
+        inner.pipeline(self.group)
+        # Recurrent layers change how a step rolls back (replaying tokens), so every rank must hold some or none.
+        recurrent = mx.distributed.all_gather(mx.array([int(recurrent_family(model))]), group=self.group).tolist()
+        if len(set(recurrent)) > 1:
+            raise UserError(
+                f"splitting {model_family(model)}'s {layers} layers over {self.size} ranks leaves recurrent "
+                "layers on some ranks only; use fewer ranks or --distributed tensor"
+            )
 
     def agree(self, values: mx.array) -> mx.array:
         """Rank 0's `values` on every rank: one all-reduce, lazy, so it rides in the step's single host sync.
@@ -47,14 +86,63 @@ class Sharding:
         own on every rank: collectives must come in the same order everywhere."""
         return mx.distributed.all_sum(values * int(self.rank == 0), group=self.group)
 
+    def same_draft(self, tokens: mx.array) -> mx.array:
+        """Rank 0's draft tokens on every rank. A pipeline's last stage receives its input before it reads the tokens,
+        so there the all-reduce is finished first: otherwise rank 0 would wait in its receive while the first stage
+        waits in this all-reduce."""
+        tokens = self.agree(tokens)
+        if self.mode == "pipeline":
+            mx.eval(tokens)
+        return tokens
+
+    def everyone(self, flag: bool) -> bool:
+        """Whether `flag` holds on every rank (a check each rank makes on its own part of the model)."""
+        return int(mx.distributed.all_sum(mx.array([int(flag)]), group=self.group).item()) == self.size
+
+    def common_seed(self, seed: int) -> int:
+        """Rank 0's seed on every rank (a random one is drawn on each rank; seeds fit 32 bits)."""
+        return int(self.agree(mx.array([seed], dtype=mx.int64)).item())
+
+    def check_same_software(self) -> None:
+        """Refuse in one line when ranks run different Python, MLX, mlx-lm or mlxspec: their drafters (the lookup
+        corpus is the interpreter's standard library) and tree shapes could then differ."""
+        mine = software_fingerprint()
+        everyone = mx.distributed.all_gather(mx.array([zlib.crc32(mine.encode())], dtype=mx.int64), group=self.group)
+        others = [r for r, value in enumerate(everyone.tolist()) if value != everyone[0].item()]
+        if others:
+            raise UserError(
+                f"rank {others[0]} runs other software than rank 0 (this rank: {mine}); install the same versions "
+                "on every machine"
+            )
+
+
+def software_fingerprint() -> str:
+    import platform
+
+    import mlx_lm
+
+    from . import __version__
+
+    return (
+        f"Python {platform.python_version()}, MLX {mx.__version__}, mlx-lm {mlx_lm.__version__}, mlxspec {__version__}"
+    )
+
+
+def text_config(model: nn.Module) -> dict:
+    """The text model's config as a dict (a vision-language wrapper keeps it under text_config)."""
+    args = getattr(text_model(model), "args", None)
+    return dict(vars(args)) if args is not None else {}
+
 
 def start(mode: str) -> Sharding:
     """Join the ranks `mlx.launch` started, or refuse in one line where there are none."""
     if mode not in MODES:
-        raise UserError(f"--distributed {mode} is not built yet; use --distributed tensor")
+        raise UserError(f"--distributed {mode} is not a mode; use {' or '.join(MODES)}")
     if not mx.distributed.is_available():
         raise UserError("this MLX build has no distributed backend; --distributed needs one (ring, MPI or JACCL)")
     group = mx.distributed.init()
     if group.size() < 2:
         raise UserError(f"--distributed {mode} runs on several ranks; start them with `{LAUNCH}`")
-    return Sharding(mode, group)
+    sharding = Sharding(mode, group)
+    sharding.check_same_software()
+    return sharding

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -17,6 +17,16 @@ from .sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
 from .target_features import forward_with_hidden
 from .tree_attention import keep_tree_path, tree_verification
 from .trees import accept_tree_samples
+
+
+class Ranks(Protocol):
+    """Ranks that share one sharded target (distributed.Sharding)."""
+
+    def agree(self, values: mx.array) -> mx.array:
+        """Rank 0's step outcome on every rank, inside the step's one sync."""
+
+    def same_draft(self, tokens: mx.array) -> mx.array:
+        """Rank 0's draft tokens on every rank, before the target reads them."""
 
 
 def to_host(values: mx.array) -> list[int]:
@@ -104,8 +114,8 @@ class SpeculativeEngine:
         self.wants_hidden = drafter is not None and drafter.uses_target_hidden
         self._hidden: mx.array | None = None
         self._prefetched: mx.array | None = None  # [1, V] lazy logits of a queued plain forward (see _plain_step)
-        # Sharded targets (distributed.py): rank 0's step outcome for every rank, inside the step's one sync.
-        self.agree: Callable[[mx.array], mx.array] | None = None
+        # A target sharded over ranks (distributed.Sharding): every rank verifies rank 0's drafts and emits its outcome.
+        self.ranks: Ranks | None = None
 
     def prefill(self, prompt: list[int], reused: int = 0, drafter_reused: int = 0) -> None:
         """Feed all but the last prompt token; the last one is verified together with the first draft.
@@ -169,6 +179,8 @@ class SpeculativeEngine:
         draft = self.drafter.propose(budget, draft_key) if budget > 0 else None
         if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():
             draft = None  # no room in the context to verify it: decode one token instead
+        if draft is not None and self.ranks is not None:
+            draft.tokens = self.ranks.same_draft(draft.tokens)
         self._mark("draft", None if draft is None else draft.tokens)
         if draft is None:
             result = self._plain_step(accept_key, max_new_tokens)
@@ -228,6 +240,8 @@ class SpeculativeEngine:
     def _feed_replay_alone(self) -> None:
         """Queue a forward of the replay tokens only (its logits are never evaluated, so never computed)."""
         self.target(mx.array(self.replay, dtype=mx.int32)[None], cache=self.cache)
+        if self.ranks is not None:  # sharded: one forward per evaluation keeps the ranks' messages in one order
+            mx.eval([c.state for c in self.cache])
         self._count_forward(len(self.replay))
         self.position += len(self.replay)
         self.replayed += len(self.replay)
@@ -272,7 +286,7 @@ class SpeculativeEngine:
         return StepResult([value], 0, 0, [], [])
 
     def _host(self, values: mx.array) -> list[int]:
-        return to_host(values if self.agree is None else self.agree(values))
+        return to_host(values if self.ranks is None else self.ranks.agree(values))
 
     def _roll_back(self, num_tokens: int) -> None:
         rollback(self.cache, num_tokens)
@@ -296,7 +310,7 @@ class SpeculativeEngine:
 
     def _decodes_plainly(self) -> bool:
         """Whether every later step is certain to be plain decoding (no drafter, or one that cannot pay)."""
-        if self.wants_hidden or self.first_token_mask is not None or self.agree is not None:
+        if self.wants_hidden or self.first_token_mask is not None or self.ranks is not None:
             return False  # (sharded: a queued forward would feed this rank's token before the ranks agree on it)
         return self.drafter is None or (self.controller is not None and not self.controller.can_win)
 

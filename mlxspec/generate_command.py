@@ -131,7 +131,8 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
         distributed=p.get("distributed"),
         **settings,
     )
-    if model is not None and draft is None and not p["no_draft"] and not heads and not p["lookup"]:
+    first_rank = speculator.sharding is None or speculator.sharding.rank == 0
+    if first_rank and model is not None and draft is None and not p["no_draft"] and not heads and not p["lookup"]:
         candidates = cached_drafts_with_tokenizer(speculator.target.path)
         if candidates:
             echo(

@@ -155,6 +155,8 @@ class Speculator:
 
             tokens, healed_text, first_token_mask = heal_prompt(self.tokenizer, tokens)
         stats.seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
+        if self.sharding is not None and options.seed is None:
+            stats.seed = self.sharding.common_seed(stats.seed)
         options, tree_note = self._chain_if_no_trees(options)
         drafter, controller, stats.note = self._drafting(options)
         stats.note = stats.note or tree_note
@@ -174,7 +176,7 @@ class Speculator:
             cache=reuse.cache,
         )
         engine.first_token_mask = first_token_mask
-        engine.agree = self.sharding.agree if self.sharding is not None else None
+        engine.ranks = self.sharding
         if self.prompt_cache is not None:
             stats.reused_tokens, stats.prompt_cache = reuse.target_tokens, reuse.how
         backend, status = verify_kernel.resolve(options.kernel)
@@ -234,6 +236,8 @@ class Speculator:
         from .tree_attention import tree_refusal
 
         why = tree_refusal(self.target.model)
+        if self.sharding is not None and not self.sharding.everyone(why is None):
+            why = why or "another rank cannot verify a tree on its part of the model"
         if why is None:
             return options, ""
         depth = options.num_draft if options.adaptive else options.depth
