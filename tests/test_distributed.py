@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from helpers import assert_greedy_equal, mlx_lm_greedy
+from mlx.utils import tree_map
 from stats import ALPHA, chi_square_pvalue
 from test_engine_exactness import exact_joint
 from tiny import make_tiny, save_tiny_model_dir
@@ -111,6 +112,7 @@ def test_two_ranks_decode_exactly_and_every_rank_emits_the_same_tokens(case, tmp
 DIVERGING_SCRIPT = """
 import json, sys
 import mlx.core as mx
+from mlx.utils import tree_map
 import mlxspec
 from mlxspec import drafters
 
@@ -139,6 +141,59 @@ def test_every_rank_verifies_rank_zeros_draft_even_when_its_own_drafter_differs(
     model = load_model(target_dir).model
     assert_greedy_equal(model, PROMPT, ranks[0]["tokens"], mlx_lm_greedy(model, PROMPT, 16))
     assert ranks[0]["accepted"] > 10  # rank 0's self-draft, accepted on both ranks
+
+
+HEADS_SCRIPT = """
+import json, sys
+import mlxspec
+
+target, eagle, medusa, mode = sys.argv[1:5]
+out = {}
+for kind, source in (("eagle", eagle), ("medusa", medusa)):
+    spec = mlxspec.load(target, **{kind: source}, distributed=mode)
+    out["rank"] = spec.sharding.rank
+    for name, options in (("chain", dict(num_draft=3)), ("tree", dict(num_draft=3, tree_topk=3))):
+        result = spec.generate(%r, max_tokens=16, stop_at_eos=False, **options)
+        out[kind + "_" + name] = [result.tokens, result.stats.accepted, result.stats.drafted, result.stats.mode]
+print(json.dumps(out), flush=True)
+""" % (PROMPT,)
+
+
+@pytest.mark.parametrize(("family", "mode"), [("llama", "tensor"), ("qwen2", "pipeline")])
+def test_feature_and_medusa_heads_on_every_rank_decode_exactly(family, mode, tmp_path):
+    """The heads read the target's final hidden state, whole on every rank after the all-reduce (tensor) or the
+    final all-gather (pipeline). On the one-layer tensor target the EAGLE head copies the target's own layer, so
+    its drafts must be accepted; the two-layer pipeline target gets random heads (exactness only)."""
+    from mlxspec.feature_head import new_eagle_head, save_head
+    from mlxspec.head_files import base_model_identity
+    from mlxspec.medusa import MedusaConfig, MedusaHeads, save_medusa
+
+    layers = 1 if mode == "tensor" else 2
+    target_dir = save_tiny_model_dir(tmp_path / family, family, num_hidden_layers=layers)
+    target = load_model(target_dir)
+    head = new_eagle_head(target.config, target.path)
+    mx.random.seed(0)
+    head.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, head.parameters()))
+    dims = target.config["hidden_size"]
+    if layers == 1:  # copy the target's layer; fc passes the token embedding through
+        head.block.update(target.model.layers[0].parameters())
+        head.fc.weight = mx.concatenate([mx.eye(dims), mx.zeros((dims, dims))], axis=1)
+        head.fc.bias = mx.zeros((dims,))
+    save_head(head, tmp_path / "eagle")
+    identity = base_model_identity(target_dir)
+    medusa = MedusaHeads(MedusaConfig(3, dims, target.config["vocab_size"], base_model_identity=identity))
+    save_medusa(medusa, tmp_path / "medusa")
+    script = tmp_path / "heads.py"
+    script.write_text(HEADS_SCRIPT)
+    ranks = rank_lines(launch(script, str(target_dir), str(tmp_path / "eagle"), str(tmp_path / "medusa"), mode))
+    assert {k: v for k, v in ranks[0].items() if k != "rank"} == {k: v for k, v in ranks[1].items() if k != "rank"}
+    expected = mlx_lm_greedy(target.model, PROMPT, 16)
+    runs = {name: run for name, run in ranks[0].items() if name != "rank"}
+    for name, (tokens, accepted, drafted, described) in runs.items():
+        assert_greedy_equal(target.model, PROMPT, tokens, expected)
+        assert drafted > 0 and ("tree" in described) == name.endswith("tree"), (name, described)
+        if layers == 1 and name.startswith("eagle"):
+            assert accepted > 0.5 * min(drafted, 16), (name, accepted, drafted)
 
 
 CHI_SCRIPT = """
