@@ -245,6 +245,19 @@ def bench(
 @click.option(
     "--draft-window", type=click.IntRange(min=1), default=None, help="Cap the draft's KV cache at this many tokens."
 )
+@click.option(
+    "--ranks",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Plan one of N machines sharing the target (generate --distributed); --device is each machine.",
+)
+@click.option(
+    "--distributed",
+    type=click.Choice(["tensor", "pipeline"]),
+    default=None,
+    help="How --ranks split the target: each layer (tensor) or by layers (pipeline) [default: tensor].",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--list", "list_presets", is_flag=True, help="List model and device presets.")
 def plan(
@@ -262,6 +275,8 @@ def plan(
     num_draft,
     tree_nodes,
     draft_window,
+    ranks,
+    distributed,
     as_json,
     list_presets,
 ) -> None:
@@ -270,6 +285,7 @@ def plan(
     from .metadata import load_metadata, preset_names
     from .plan_format import format_plan
     from .planner import PlanRequest, make_plan
+    from .rank_split import RankSplit, check_split
 
     if list_presets:
         click.echo("models:  " + ", ".join(preset_names()))
@@ -286,6 +302,10 @@ def plan(
         context = min(4096, own_context) if isinstance(own_context, int) else 4096
     elif isinstance(own_context, int) and context > own_context:
         raise UserError(f"--context {context} is past {target.name}'s own context of {own_context}; plan at most that")
+    if distributed and ranks == 1:
+        raise UserError(f"--distributed {distributed} plans several machines; pass --ranks N (e.g. --ranks 2)")
+    split = RankSplit(ranks, distributed or "tensor")
+    check_split(target.config, split, target.name)
     request = PlanRequest(
         target=target,
         device=device_spec,
@@ -300,6 +320,7 @@ def plan(
         num_draft=num_draft,
         tree_nodes=tree_nodes,
         draft_window=draft_window,
+        split=split,
     )
     result = make_plan(request)
     click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))

@@ -28,6 +28,11 @@ def check_contradictions(p: dict) -> None:
     heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source")
     if p["draft_bits"] and (p["no_draft"] or heads):
         raise UserError(f"--draft-bits {p['draft_bits']} quantizes a draft model, and this run has none")
+    if p.get("distributed") and p["memory_budget"]:
+        raise UserError(
+            f"--memory-budget plans one machine; for --distributed {p['distributed']} plan each rank with "
+            "`mlxspec plan --ranks N` and drop --memory-budget"
+        )
     if p["auto"] and not p["memory_budget"]:
         raise UserError("--auto applies the planner's fix for --memory-budget; pass --memory-budget too (e.g. 8GB)")
     if p["lookup_candidates"] is not None and not p["lookup"]:

@@ -17,8 +17,9 @@ def format_plan(plan: Plan) -> str:
         + (f" + draft {r['draft']}" if r["draft"] else "")
         + (f" + {r['medusa_heads']} Medusa heads" if r["medusa_heads"] else "")
     )
+    where = f"each of {r['ranks']} x {r['device']} ({r['distributed']})" if r.get("distributed") else r["device"]
     lines = [
-        f"{head} on {r['device']} at context {r['context']} (batch {r['batch']})",
+        f"{head} on {where} at context {r['context']} (batch {r['batch']})",
         f"budget {plan.budget_bytes / GiB:.2f} GiB: {r['device_source']}",
         "",
     ]

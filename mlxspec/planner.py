@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from . import memory_model as mm
+from . import rank_split as rs
 from .devices import Device
 from .metadata import ModelMetadata
+from .rank_split import RankSplit
 
 RUNTIME_OVERHEAD = 400 * 2**20  # MLX, Python and the Metal library: not in mx.get_peak_memory, estimated
 
@@ -26,6 +28,7 @@ class PlanRequest:
     num_draft: int = 4
     tree_nodes: int | None = None
     draft_window: int | None = None
+    split: RankSplit = RankSplit()  # the target sharded over ranks: plan the most loaded rank
 
     @property
     def verify_positions(self) -> int:
@@ -86,7 +89,12 @@ def memory_items(req: PlanRequest, context: int | None = None) -> list[PlanItem]
     dtype = _compute_dtype(req.device, req.target.config)
     items = []
     weight, note = model_weight_bytes(req.target, req.target_bits, req.group_size, req.device)
-    items.append(PlanItem("target weights", weight, note))
+    share, layer_share = 1.0, 1.0
+    if req.split.sharded:
+        share = req.split.weight_share(req.target.config)
+        layer_share = req.split.layer_share(rs.num_layers(req.target.config))
+        note = f"{share:.0%} of {weight / 2**30:.2f} GiB ({note}): this rank's shard"
+    items.append(PlanItem("target weights", int(weight * share), note))
     if req.draft is not None:
         weight, note = model_weight_bytes(req.draft, req.draft_bits, req.group_size, req.device)
         items.append(PlanItem("draft weights", weight, note))
@@ -96,14 +104,16 @@ def memory_items(req: PlanRequest, context: int | None = None) -> list[PlanItem]
             PlanItem("medusa heads", params * mm.DTYPE_BYTES[dtype], f"{req.medusa_heads} heads, shared LM head")
         )
     kv_note = f"{req.kv_bits}-bit" if req.kv_bits else dtype
+    # A recurrent target keeps its state from before each verify pass (one snapshot) for rollback.
+    target_kv = mm.kv_cache_bytes(
+        req.target.config, context, rollback, req.kv_bits, dtype=dtype, batch=req.batch, snapshots=1
+    )
+    shard_note = f", {layer_share:.0%} of it on this rank" if req.split.sharded else ""
     items.append(
         PlanItem(
             "target KV cache",
-            # A recurrent target keeps its state from before each verify pass (one snapshot) for rollback.
-            mm.kv_cache_bytes(
-                req.target.config, context, rollback, req.kv_bits, dtype=dtype, batch=req.batch, snapshots=1
-            ),
-            f"{context} + {rollback} positions, {kv_note}" + _state_note(req.target.config, dtype),
+            int(target_kv * layer_share),
+            f"{context} + {rollback} positions, {kv_note}" + _state_note(req.target.config, dtype) + shard_note,
         )
     )
     if req.draft is not None:
@@ -233,6 +243,8 @@ def make_plan(req: PlanRequest) -> Plan:
             "num_draft": req.num_draft,
             "tree_nodes": req.tree_nodes,
             "draft_window": req.draft_window,
+            "ranks": req.split.ranks,
+            "distributed": req.split.mode if req.split.sharded else None,
         },
         items=items,
         mlx_bytes=mlx_bytes,
@@ -247,6 +259,11 @@ def make_plan(req: PlanRequest) -> Plan:
         drafter_overhead_bytes=drafter,
         drafter_overhead_percent=100 * drafter / budget,
     )
+    if req.split.sharded:
+        plan.notes.append(
+            f"per rank: {req.split.describe()}; each machine needs the memory above (the most loaded rank). The "
+            "drafter is whole on every rank, and activations are counted whole (an upper bound)."
+        )
     if req.device.backend == "cpu" and (req.target_bits or (req.target.config.get("quantization") or {})):
         plan.notes.append(
             "On MLX's CPU backend a quantized target verifies K+1 tokens at K+1 times the cost of one "

@@ -3,10 +3,13 @@
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+from test_bad_input import assert_one_line, cli_run  # noqa: F401 (a fixture)
 from tiny import make_tiny
 
 from mlxspec import memory_model as mm
@@ -15,6 +18,7 @@ from mlxspec.devices import PRESETS, Device, parse_size
 from mlxspec.metadata import load_metadata, preset_names, safetensors_bytes
 from mlxspec.mlx_lm_layout import lazy_model
 from mlxspec.planner import PlanRequest, make_plan, max_context, total_bytes
+from mlxspec.rank_split import RankSplit
 
 FAMILY_OF_PRESET = {name: load_metadata(name).config["model_type"] for name in preset_names()}
 
@@ -257,3 +261,84 @@ def test_plan_without_a_model_plans_the_embedded_pair_at_its_own_context():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["request"]["context"] == 512 and out["request"]["draft"] == "embedded draft"
+
+
+# ---- plan --ranks: one rank's share of a target split the way mlx-lm splits it ----
+
+
+@dataclass
+class FakeGroup:
+    """What mlx-lm's shard() and pipeline() read of a group: its rank and size (nothing is communicated)."""
+
+    this_rank: int
+    ranks: int
+
+    def rank(self) -> int:
+        return self.this_rank
+
+    def size(self) -> int:
+        return self.ranks
+
+
+def held_parameters(model) -> int:
+    return sum(v.size for _, v in tree_flatten(model.parameters()))
+
+
+@pytest.mark.parametrize(("family", "ranks"), [("llama", 2), ("qwen2", 2), ("llama", 4)])
+def test_tensor_share_equals_what_mlx_lm_shard_leaves_on_a_rank(family, ranks):
+    model = make_tiny(family, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=4)
+    whole, config = held_parameters(model), model.config
+    model.shard(FakeGroup(1, ranks))
+    split = RankSplit(ranks, "tensor")
+    assert held_parameters(model) == round(split.weight_share(config) * whole)
+    kv_heads = {layer.self_attn.n_kv_heads for layer in model.layers}
+    assert kv_heads == {config["num_key_value_heads"] * split.layer_share(5)}  # the KV cache shrinks as its heads
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_pipeline_share_covers_the_most_loaded_rank_mlx_lm_pipeline_makes(ranks):
+    config = make_tiny("qwen2", num_hidden_layers=5).config
+    split = RankSplit(ranks, "pipeline")
+    held, cached = [], []
+    for rank in range(ranks):
+        model = make_tiny("qwen2", num_hidden_layers=5)
+        whole = held_parameters(model)
+        model.model.pipeline(FakeGroup(rank, ranks))
+        held.append(held_parameters(model))
+        cached.append(len(make_prompt_cache(model)))
+    assert max(cached) / 5 == split.layer_share(5)
+    planned = split.weight_share(config) * whole
+    other_layers_norms = (5 - max(cached)) * 2 * config["hidden_size"]  # the plan keeps every norm: a bound
+    assert planned - other_layers_norms <= max(held) <= planned
+
+
+def test_plan_ranks_halves_the_target_shard_and_keeps_the_drafter_whole():
+    target, draft = load_metadata("llama-3.1-70b"), load_metadata("llama-3.2-1b")
+    device = PRESETS["m3-max-64gb"]
+    one = {i.name: i.bytes for i in make_plan(PlanRequest(target, device, draft, context=8192)).items}
+    two = make_plan(PlanRequest(target, device, draft, context=8192, split=RankSplit(2, "tensor")))
+    items = {i.name: i.bytes for i in two.items}
+    params = mm.count_parameters(target.config)
+    layers = params.attention + params.mlp
+    assert items["target weights"] == int(one["target weights"] * (params.total - layers / 2) / params.total)
+    assert items["target KV cache"] == one["target KV cache"] // 2
+    for name in ("draft weights", "draft KV cache", "activations"):
+        assert items[name] == one[name]
+    assert two.request["ranks"] == 2 and any("per rank" in note for note in two.notes)
+
+
+def test_plan_ranks_cli_refuses_splits_mlx_lm_cannot_make(cli_run):  # noqa: F811
+    assert_one_line(cli_run("plan", "--model", "llama-3.1-70b", "--ranks", "3"), "num_attention_heads=64", "--ranks 3")
+    assert_one_line(
+        cli_run("plan", "--model", "llama-3.1-70b", "--ranks", "2", "--distributed", "pipeline"),
+        "no pipeline split for llama; use --distributed tensor",
+    )
+    assert_one_line(cli_run("plan", "--model", "llama-3.1-70b", "--distributed", "tensor"), "pass --ranks N")
+    code, out, err = cli_run("plan", "--model", "qwen2.5-7b", "--ranks", "3", "--distributed", "pipeline", "--json")
+    assert code == 0, err
+    assert json.loads(out)["request"]["distributed"] == "pipeline"
+
+
+def test_a_memory_budget_under_distributed_points_to_plan_ranks(cli_run, tiny_dirs):  # noqa: F811
+    args = ("generate", "ab", "--model", tiny_dirs["target"], "--memory-budget", "8GB", "--distributed", "tensor")
+    assert_one_line(cli_run(*args), "--memory-budget plans one machine", "mlxspec plan --ranks N")
