@@ -2,9 +2,10 @@
 
 Every rank runs the same engine on the same tokens: the drafter (a draft model, prompt lookup or heads) is small and
 deterministic, so identical inputs and seeds (rank 0's, `common_seed`) give identical drafts without communicating
-them. Two cheap guards keep that true: ranks must run the same software (`check_same_software`, once), and every
-step's draft tokens are rank 0's (`same_draft`, before the target reads them), so a draft model that rounds
-differently on another chip cannot feed the ranks different tokens. Only the target is split, by mlx-lm's own code:
+them. Two guards keep the ranks together anyway: they must run the same software (`check_same_software`, once),
+and every step's draft (its size, tree shape and tokens) is rank 0's (`same_draft`, before the target reads it), so
+a drafter that rounds differently on another chip cannot feed the ranks different forwards. Only the target is
+split, by mlx-lm's own code:
 - tensor: every layer's heads and MLP units split (`model.shard(group)`), two all-reduces per layer;
 - pipeline: consecutive layers per rank (`model.model.pipeline(group)`), one hop per rank and a final all-gather
   that gives every rank the last hidden state.
@@ -21,8 +22,11 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .caches import model_family, recurrent_family
+from .drafters import Draft
+from .engine import to_host
 from .errors import UserError
 from .target_features import text_model
+from .trees import TreeShape
 
 MODES = ("tensor", "pipeline")
 LAUNCH = "mlx.launch -n 2 --backend ring --python PYTHON LAUNCHER generate ... --distributed MODE"
@@ -86,14 +90,14 @@ class Sharding:
         own on every rank: collectives must come in the same order everywhere."""
         return mx.distributed.all_sum(values * int(self.rank == 0), group=self.group)
 
-    def same_draft(self, tokens: mx.array) -> mx.array:
-        """Rank 0's draft tokens on every rank. A pipeline's last stage receives its input before it reads the tokens,
-        so there the all-reduce is finished first: otherwise rank 0 would wait in its receive while the first stage
-        waits in this all-reduce."""
-        tokens = self.agree(tokens)
-        if self.mode == "pipeline":
-            mx.eval(tokens)
-        return tokens
+    def same_draft(self, draft: Draft | None, capacity: int) -> Draft | None:
+        """Rank 0's draft on every rank (its size, tree shape and tokens), before the target reads it.
+
+        One all-reduce and one host sync of its own: a shape decided on the host (a lookup tree, an EAGLE-2 dynamic
+        tree, or no draft at all) could otherwise differ between ranks, and the ranks would then run forwards of
+        different sizes. The sync also finishes the all-reduce before a pipeline's stages send and receive."""
+        agreed = to_host(self.agree(encode_draft(draft, capacity)))
+        return decode_draft(agreed, draft, self.rank)
 
     def everyone(self, flag: bool) -> bool:
         """Whether `flag` holds on every rank (a check each rank makes on its own part of the model)."""
@@ -126,6 +130,37 @@ def software_fingerprint() -> str:
     return (
         f"Python {platform.python_version()}, MLX {mx.__version__}, mlx-lm {mlx_lm.__version__}, mlxspec {__version__}"
     )
+
+
+def encode_draft(draft: Draft | None, capacity: int) -> mx.array:
+    """[3 + 2 * capacity] int32: node count, is-a-tree, has-probabilities, parents (-1 padded), tokens (0 padded).
+    Lazy in the tokens, so a draft model's chain is computed inside the same evaluation."""
+    if draft is None:
+        return mx.array([0, 0, 0] + [-1] * capacity + [0] * capacity, dtype=mx.int32)
+    count = draft.tokens.shape[0]
+    assert count <= capacity, (count, capacity)
+    parents = list(draft.shape.parents[1:]) if draft.shape is not None else list(range(count))
+    header = [count, int(draft.shape is not None), int(draft.probs is not None)] + parents + [-1] * (capacity - count)
+    padding = mx.zeros((capacity - count,), dtype=mx.int32)
+    return mx.concatenate([mx.array(header, dtype=mx.int32), draft.tokens.astype(mx.int32), padding])
+
+
+def decode_draft(values: list[int], local: Draft | None, rank: int) -> Draft | None:
+    """The draft `values` (encode_draft's layout) describe. Probabilities are this rank's own (rank 0's on rank 0;
+    elsewhere they only feed an acceptance that rank 0's outcome replaces), so they must at least fit."""
+    count, is_tree, has_probs = values[:3]
+    if count == 0:
+        return None
+    capacity = (len(values) - 3) // 2
+    parents, tokens = values[3 : 3 + count], values[3 + capacity : 3 + capacity + count]
+    probs = local.probs if local is not None else None
+    if has_probs and (probs is None or probs.shape[0] != count):
+        raise UserError(
+            f"rank {rank} drafted other tokens than rank 0 (its drafter computes differently); run the same models "
+            "and software on every machine"
+        )
+    shape = TreeShape((-1, *parents)) if is_tree else None
+    return Draft(mx.array(tokens, dtype=mx.int32), probs if has_probs else None, shape)
 
 
 def text_config(model: nn.Module) -> dict:

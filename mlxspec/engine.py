@@ -25,8 +25,9 @@ class Ranks(Protocol):
     def agree(self, values: mx.array) -> mx.array:
         """Rank 0's step outcome on every rank, inside the step's one sync."""
 
-    def same_draft(self, tokens: mx.array) -> mx.array:
-        """Rank 0's draft tokens on every rank, before the target reads them."""
+    def same_draft(self, draft: Draft | None, capacity: int) -> Draft | None:
+        """Rank 0's draft (or its lack of one) on every rank, before the target reads it; capacity bounds its
+        nodes on every rank alike."""
 
 
 def to_host(values: mx.array) -> list[int]:
@@ -179,8 +180,8 @@ class SpeculativeEngine:
         draft = self.drafter.propose(budget, draft_key) if budget > 0 else None
         if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():
             draft = None  # no room in the context to verify it: decode one token instead
-        if draft is not None and self.ranks is not None:
-            draft.tokens = self.ranks.same_draft(draft.tokens)
+        if budget > 0 and self.ranks is not None:  # (every rank has the same budget: it follows emitted tokens)
+            draft = self.ranks.same_draft(draft, self.cache_spec.max_rollback)
         self._mark("draft", None if draft is None else draft.tokens)
         if draft is None:
             result = self._plain_step(accept_key, max_new_tokens)

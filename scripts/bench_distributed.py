@@ -50,6 +50,27 @@ def all_gather_ms(sharding, width: int, repeats: int = 50) -> float:
     return (time.perf_counter() - start) / repeats * 1000
 
 
+def forward_ms(model, repeats: int = 20) -> dict:
+    """Wall and CPU (user, system) ms of one one-token forward after a 3-token prompt, no drafter: what a rank pays
+    per target call, communication included."""
+    import resource
+
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([[1, 2, 3]]), cache=cache))
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(repeats):
+        mx.eval(model(mx.array([[5]]), cache=cache))
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    per = 1000 / repeats
+    return {
+        "wall_ms": round(wall * per, 1),
+        "user_ms": round((after.ru_utime - before.ru_utime) * per, 1),
+        "system_ms": round((after.ru_stime - before.ru_stime) * per, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -58,8 +79,15 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--forward-only", action="store_true", help="Time one-token forwards only (forward_ms).")
     args = parser.parse_args()
     spec = mlxspec.load(args.model, draft=args.draft, distributed=args.distributed)
+    if args.forward_only:
+        timing = {"ranks": spec.sharding.size if spec.sharding else 1, "distributed": args.distributed}
+        timing.update(forward_ms(spec.target.model))
+        if spec.sharding is None or spec.sharding.rank == 0:
+            print(json.dumps(timing), flush=True)
+        return
     texts = prompts(args.prompts)
     spec.generate(texts[0], max_tokens=8)  # warm up: traces, kernel, caches
     report = {

@@ -107,27 +107,31 @@ def test_two_ranks_decode_exactly_and_every_rank_emits_the_same_tokens(case, tmp
             assert 0 < accepted < drafted, (name, result)
 
 
-# Rank 1's drafter proposes other tokens than rank 0's, as a draft model that rounds differently on another chip
-# would: every rank must still verify rank 0's draft, so the output stays exact and the same on both ranks.
+# Rank 1's drafter proposes other drafts than rank 0's, as a drafter that rounds differently on another chip would:
+# other tokens, one node fewer, no draft at all, or a chain where rank 0 drafts a tree. Every rank must still verify
+# rank 0's draft, so the output stays exact and the same on both ranks (chains and trees).
 DIVERGING_SCRIPT = """
 import json, sys
-import mlx.core as mx
-from mlx.utils import tree_map
 import mlxspec
 from mlxspec import drafters
 
 target, mode = sys.argv[1:3]
 spec = mlxspec.load(target, draft=target, distributed=mode)
 if spec.sharding.rank == 1:
-    propose = drafters.DraftModelDrafter.propose
-    def other_tokens(self, *args, **kwargs):
-        draft = propose(self, *args, **kwargs)
-        if draft is not None:
-            draft.tokens = (draft.tokens + 1) %% 8
-        return draft
-    drafters.DraftModelDrafter.propose = other_tokens
-result = spec.generate(%r, max_tokens=16, stop_at_eos=False, num_draft=3)
-print(json.dumps({"rank": spec.sharding.rank, "tokens": result.tokens, "accepted": result.stats.accepted}), flush=True)
+    propose, calls = drafters.DraftModelDrafter.propose, []
+    def other_drafts(self, *args, **kwargs):
+        draft, calls[:] = propose(self, *args, **kwargs), calls + [1]
+        if draft is None or len(calls) %% 3 == 0:
+            return None
+        if len(calls) %% 3 == 1:
+            return drafters.Draft((draft.tokens + 1) %% 8, draft.probs, draft.shape)
+        return drafters.Draft(draft.tokens[:-1])  # a chain one node shorter
+    drafters.DraftModelDrafter.propose = other_drafts
+out = {"rank": spec.sharding.rank}
+for name, options in (("chain", {}), ("tree", {"tree_topk": 2})):
+    result = spec.generate(%r, max_tokens=16, stop_at_eos=False, num_draft=3, **options)
+    out[name] = [result.tokens, result.stats.accepted, result.stats.mode]
+print(json.dumps(out), flush=True)
 """ % (PROMPT,)
 
 
@@ -137,10 +141,13 @@ def test_every_rank_verifies_rank_zeros_draft_even_when_its_own_drafter_differs(
     script = tmp_path / "diverging.py"
     script.write_text(DIVERGING_SCRIPT)
     ranks = rank_lines(launch(script, str(target_dir), mode))
-    assert ranks[0]["tokens"] == ranks[1]["tokens"]
     model = load_model(target_dir).model
-    assert_greedy_equal(model, PROMPT, ranks[0]["tokens"], mlx_lm_greedy(model, PROMPT, 16))
-    assert ranks[0]["accepted"] > 10  # rank 0's self-draft, accepted on both ranks
+    expected = mlx_lm_greedy(model, PROMPT, 16)
+    for name in ("chain", "tree"):
+        assert ranks[0][name] == ranks[1][name]
+        tokens, accepted, described = ranks[0][name]
+        assert_greedy_equal(model, PROMPT, tokens, expected)
+        assert accepted > 10 and ("tree" in described) == (name == "tree")  # rank 0's self-draft, accepted
 
 
 HEADS_SCRIPT = """
@@ -347,3 +354,27 @@ def test_a_split_that_cannot_work_is_refused_in_one_line(family, mode, message, 
     errors = [line for line in run.stderr.splitlines() if line.startswith("mlxspec: error:")]
     assert errors and all(message in line for line in errors), run.stderr[-2000:]
     assert "exited with code 2" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_draft_survives_its_encoding_for_the_other_ranks():
+    """encode_draft / decode_draft, the layout every step's all-reduce carries (pure; no ranks needed)."""
+    from mlxspec.distributed import decode_draft, encode_draft
+    from mlxspec.drafters import Draft
+    from mlxspec.errors import UserError
+    from mlxspec.trees import TreeShape
+
+    assert encode_draft(None, 3).tolist() == [0, 0, 0, -1, -1, -1, 0, 0, 0]
+    assert decode_draft(encode_draft(None, 3).tolist(), None, 1) is None
+    chain = Draft(mx.array([5, 6], dtype=mx.int32))
+    assert encode_draft(chain, 3).tolist() == [2, 0, 0, 0, 1, -1, 5, 6, 0]
+    back = decode_draft(encode_draft(chain, 3).tolist(), None, 1)
+    assert back.tokens.tolist() == [5, 6] and back.shape is None and back.probs is None
+    tree = Draft(mx.array([5, 6, 7], dtype=mx.int32), None, TreeShape((-1, 0, 0, 1)))
+    assert encode_draft(tree, 4).tolist() == [3, 1, 0, 0, 0, 1, -1, 5, 6, 7, 0]
+    back = decode_draft(encode_draft(tree, 4).tolist(), chain, 1)
+    assert back.tokens.tolist() == [5, 6, 7] and back.shape == tree.shape
+    sampled = Draft(mx.array([5, 6], dtype=mx.int32), mx.ones((2, 8)) / 8)
+    back = decode_draft(encode_draft(sampled, 3).tolist(), sampled, 0)
+    assert back.probs is sampled.probs  # this rank's own distributions travel with rank 0's tokens
+    with pytest.raises(UserError, match="rank 1 drafted other tokens than rank 0"):
+        decode_draft(encode_draft(sampled, 3).tolist(), chain, 1)  # nothing here to accept rank 0's chain with
