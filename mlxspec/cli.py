@@ -11,6 +11,7 @@ import click
 from .cli_options import MODEL_OPTIONS, SAMPLING_OPTIONS, with_options
 from .errors import UserError
 from .platform import reexec_with_openblas
+from .rank_split import MODES
 
 __all__ = ["cli", "main", "reexec_with_openblas"]
 
@@ -113,7 +114,7 @@ def read_prompt(prompt: str) -> tuple[str, str | None]:
 )
 @click.option(
     "--distributed",
-    type=click.Choice(["tensor", "pipeline"]),
+    type=click.Choice(MODES),
     default=None,
     help="Under mlx.launch: split the target across the ranks, each layer (tensor) or by layers (pipeline); the "
     "drafter runs on every rank and rank 0 prints.",

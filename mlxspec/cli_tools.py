@@ -8,6 +8,7 @@ import os
 import click
 
 from .errors import UserError
+from .rank_split import MODES
 
 BENCH_MODES = ("mlx-lm", "plain", "draft", "adaptive", "tree", "lookup", "medusa", "eagle")
 
@@ -254,7 +255,7 @@ def bench(
 )
 @click.option(
     "--distributed",
-    type=click.Choice(["tensor", "pipeline"]),
+    type=click.Choice(MODES),
     default=None,
     help="How --ranks split the target: each layer (tensor) or by layers (pipeline) [default: tensor].",
 )

@@ -25,10 +25,10 @@ from .caches import model_family, recurrent_family
 from .drafters import Draft
 from .engine import to_host
 from .errors import UserError
+from .rank_split import MODES
 from .target_features import text_model
 from .trees import TreeShape
 
-MODES = ("tensor", "pipeline")
 LAUNCH = "mlx.launch -n 2 --backend ring --python PYTHON LAUNCHER generate ... --distributed MODE"
 
 

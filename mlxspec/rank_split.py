@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from . import memory_model as mm
 from .errors import UserError
 
-MODES = ("tensor", "pipeline")
+MODES = ("tensor", "pipeline")  # how mlx-lm splits a target across ranks (distributed.py)
 
 
 @dataclass(frozen=True)
