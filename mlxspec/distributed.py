@@ -25,7 +25,7 @@ from .caches import model_family, recurrent_family
 from .drafters import Draft
 from .engine import to_host
 from .errors import UserError
-from .rank_split import MODES
+from .rank_split import MODES, RankSplit, check_split, num_layers
 from .target_features import text_model
 from .trees import TreeShape
 
@@ -45,39 +45,18 @@ class Sharding:
     def size(self) -> int:
         return self.group.size()
 
-    def shard(self, model: nn.Module) -> None:
-        """Split the target across the ranks, in place (before its weights are read)."""
-        if self.mode == "pipeline":
-            self._pipeline(model)
+    def shard(self, model: nn.Module, config: dict) -> None:
+        """Split the target across the ranks, in place (before its weights are read); refuse a split mlx-lm cannot
+        make in one line, as `plan --ranks` does."""
+        check_split(config, RankSplit(self.size, self.mode), model_family(model))
+        if self.mode == "tensor":
+            model.shard(self.group)
             return
-        if not hasattr(model, "shard"):
-            other = (
-                "use --distributed pipeline"
-                if hasattr(text_model(model).model, "pipeline")
-                else "run it on one machine"
-            )
-            raise UserError(f"mlx-lm cannot shard {model_family(model)} for tensor parallelism; {other}")
-        config = text_config(model)
-        for name in ("num_attention_heads", "num_key_value_heads"):
-            if config.get(name) and config[name] % self.size:
-                raise UserError(
-                    f"{model_family(model)} has {name}={config[name]}, which {self.size} ranks cannot split evenly; "
-                    f"use a number of ranks that divides it"
-                )
-        model.shard(self.group)
-
-    def _pipeline(self, model: nn.Module) -> None:
-        inner = text_model(model).model
-        if not hasattr(inner, "pipeline"):
-            other = "use --distributed tensor" if hasattr(model, "shard") else "run it on one machine"
-            raise UserError(f"mlx-lm has no pipeline split for {model_family(model)}; {other}")
-        layers = len(inner.layers)
-        if layers < self.size:
-            raise UserError(f"{model_family(model)} has {layers} layers, fewer than the {self.size} ranks")
-        inner.pipeline(self.group)
+        text_model(model).model.pipeline(self.group)
         # Recurrent layers change how a step rolls back (replaying tokens), so every rank must hold some or none.
         recurrent = mx.distributed.all_gather(mx.array([int(recurrent_family(model))]), group=self.group).tolist()
         if len(set(recurrent)) > 1:
+            layers = num_layers(config)
             raise UserError(
                 f"splitting {model_family(model)}'s {layers} layers over {self.size} ranks leaves recurrent "
                 "layers on some ranks only; use fewer ranks or --distributed tensor"
@@ -161,12 +140,6 @@ def decode_draft(values: list[int], local: Draft | None, rank: int) -> Draft | N
         )
     shape = TreeShape((-1, *parents)) if is_tree else None
     return Draft(mx.array(tokens, dtype=mx.int32), probs if has_probs else None, shape)
-
-
-def text_config(model: nn.Module) -> dict:
-    """The text model's config as a dict (a vision-language wrapper keeps it under text_config)."""
-    args = getattr(text_model(model), "args", None)
-    return dict(vars(args)) if args is not None else {}
 
 
 def start(mode: str) -> Sharding:

@@ -98,7 +98,8 @@ def load_model(
 ) -> LoadedModel:
     """Load an mlx-lm model; on the CPU backend compute in float32, since half-precision matmul is emulated there.
 
-    shard(model): split it across distributed ranks before any weight is read, so each rank reads only its part."""
+    shard(model, config): split it across distributed ranks before any weight is read, so each rank reads only its
+    part."""
     from mlx_lm.utils import load as mlx_lm_load
     from mlx_lm.utils import quantize_model
     from transformers.utils import logging as transformers_logging
@@ -117,7 +118,7 @@ def load_model(
             f"could not read the weights in '{name}' ({type(exc).__name__}); re-download the model"
         ) from None
     if shard is not None:
-        shard(model)
+        shard(model, config)
     if quantize_bits:
         if quantize_bits not in (4, 8):
             raise UserError(f"--quantize-target {quantize_bits} is not supported; use 4 or 8")

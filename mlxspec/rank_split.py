@@ -62,12 +62,12 @@ def check_split(config: dict, split: RankSplit, name: str) -> None:
     text = mm.text_config(config)
     if split.mode == "pipeline":
         if num_layers(config) < split.ranks:
-            raise UserError(f"{name} has {num_layers(config)} layers, fewer than --ranks {split.ranks}")
+            raise UserError(f"{name} has {num_layers(config)} layers, fewer than the {split.ranks} ranks")
     else:
         for key in ("num_attention_heads", "num_key_value_heads"):
             if text.get(key) and text[key] % split.ranks:
                 raise UserError(
-                    f"{name} has {key}={text[key]}, which --ranks {split.ranks} cannot split evenly; use a number "
+                    f"{name} has {key}={text[key]}, which {split.ranks} ranks cannot split evenly; use a number "
                     "of ranks that divides it"
                 )
     family = config.get("model_type", "")  # the module mlx-lm loads (a wrapper's, for vision-language models)

@@ -328,7 +328,7 @@ def test_plan_ranks_halves_the_target_shard_and_keeps_the_drafter_whole():
 
 
 def test_plan_ranks_cli_refuses_splits_mlx_lm_cannot_make(cli_run):  # noqa: F811
-    assert_one_line(cli_run("plan", "--model", "llama-3.1-70b", "--ranks", "3"), "num_attention_heads=64", "--ranks 3")
+    assert_one_line(cli_run("plan", "--model", "llama-3.1-70b", "--ranks", "3"), "num_attention_heads=64", "3 ranks")
     assert_one_line(
         cli_run("plan", "--model", "llama-3.1-70b", "--ranks", "2", "--distributed", "pipeline"),
         "no pipeline split for llama; use --distributed tensor",
