@@ -63,7 +63,7 @@ class Sharding:
             )
 
     def agree(self, values: mx.array) -> mx.array:
-        """Rank 0's `values` on every rank: one all-reduce, lazy, so it rides in the step's single host sync.
+        """Rank 0's `values` on every rank: one all-reduce, lazy, so it rides in the host sync that reads them.
 
         Every rank's share is computed from `values` (zeros as values * 0), so the all-reduce runs after the forward's
         own on every rank: collectives must come in the same order everywhere."""
@@ -90,8 +90,9 @@ class Sharding:
         """Refuse in one line when ranks run different Python, MLX, mlx-lm or mlxspec: their drafters (the lookup
         corpus is the interpreter's standard library) and tree shapes could then differ."""
         mine = software_fingerprint()
-        everyone = mx.distributed.all_gather(mx.array([zlib.crc32(mine.encode())], dtype=mx.int64), group=self.group)
-        others = [r for r, value in enumerate(everyone.tolist()) if value != everyone[0].item()]
+        gathered = mx.distributed.all_gather(mx.array([zlib.crc32(mine.encode())], dtype=mx.int64), group=self.group)
+        fingerprints = gathered.tolist()
+        others = [r for r, value in enumerate(fingerprints) if value != fingerprints[0]]
         if others:
             raise UserError(
                 f"rank {others[0]} runs other software than rank 0 (this rank: {mine}); install the same versions "

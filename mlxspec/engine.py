@@ -23,7 +23,7 @@ class Ranks(Protocol):
     """Ranks that share one sharded target (distributed.Sharding)."""
 
     def agree(self, values: mx.array) -> mx.array:
-        """Rank 0's step outcome on every rank, inside the step's one sync."""
+        """Rank 0's step outcome on every rank, inside the sync that reads the outcome."""
 
     def same_draft(self, draft: Draft | None, capacity: int) -> Draft | None:
         """Rank 0's draft (or its lack of one) on every rank, before the target reads it; capacity bounds its
@@ -31,7 +31,7 @@ class Ranks(Protocol):
 
 
 def to_host(values: mx.array) -> list[int]:
-    """The engine's only host sync per step; tests count calls to it."""
+    """The engine's host sync: one per step, two on sharded ranks (distributed.same_draft); tests count calls."""
     return values.tolist()
 
 

@@ -136,8 +136,8 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
         distributed=p.get("distributed"),
         **settings,
     )
-    first_rank = speculator.sharding is None or speculator.sharding.rank == 0
-    if first_rank and model is not None and draft is None and not p["no_draft"] and not heads and not p["lookup"]:
+    lookup_by_default = model is not None and draft is None and not p["no_draft"] and not heads and not p["lookup"]
+    if speculator.reports and lookup_by_default:
         candidates = cached_drafts_with_tokenizer(speculator.target.path)
         if candidates:
             echo(
@@ -156,7 +156,7 @@ def run_generate(prompt: str, p: dict, echo: Callable) -> None:
     check_contradictions(p)
     options = options_from(p).validate()
     speculator = load_speculator(p, options, len(prompt), echo)
-    if speculator.sharding is not None and speculator.sharding.rank != 0:
+    if not speculator.reports:
         echo = quiet
     if p["as_json"]:
         result = speculator.generate(prompt)

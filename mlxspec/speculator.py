@@ -92,6 +92,11 @@ class Speculator:
         self.sharding = sharding  # distributed.Sharding: the target split across ranks, or None
 
     @property
+    def reports(self) -> bool:
+        """Whether this process prints and reports: always, but on sharded ranks rank 0 alone."""
+        return self.sharding is None or self.sharding.rank == 0
+
+    @property
     def tokenizer(self):
         return self.target.tokenizer
 
