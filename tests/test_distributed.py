@@ -70,7 +70,21 @@ def perturbed_copy(model_dir: Path, path: Path, noise: float = 0.1) -> Path:
 
 
 def launch(script: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([*LAUNCH, str(script), *args], capture_output=True, text=True, timeout=timeout)
+    """Two ranks on free ports: mlx.launch's fixed default ports would collide between parallel test workers."""
+    command = [*LAUNCH, "--starting-port", str(free_port_pair()), str(script), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port_pair() -> int:
+    """A port p with p + 1 free too (mlx.launch gives rank r the port p + r)."""
+    while True:
+        first = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", first + 1))
+                return first
+            except OSError:
+                continue
 
 
 def rank_lines(run: subprocess.CompletedProcess) -> list[dict]:
