@@ -1,5 +1,5 @@
 """`python -m mlxspec`: the command line."""
 
-from .cli import main
+from mlxspec.cli.main import main
 
 main()

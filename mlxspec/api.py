@@ -6,11 +6,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
-from .options import DecodeOptions
-from .results import GenerationResult
-from .speculator import Speculator, describe_drafter
+from mlxspec.errors import UserError
+from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
+from mlxspec.options import DecodeOptions
+from mlxspec.results import GenerationResult
+from mlxspec.speculator import Speculator, describe_drafter
 
 __all__ = ["SlowBLASWarning", "Speculator", "describe_drafter", "generate", "load", "warn_if_slow_blas"]
 
@@ -28,7 +28,7 @@ def warn_if_slow_blas() -> None:
     if _warned_blas:
         return
     _warned_blas = True
-    from .platform import fast_blas_hint
+    from mlxspec.platform import fast_blas_hint
 
     hint = fast_blas_hint()
     if hint:
@@ -87,7 +87,7 @@ def load(
         raise UserError(f"{heads_given[0]} and {heads_given[1]} are two drafters; pass one of them")
     sharding = None
     if distributed is not None:
-        from .distributed import start
+        from mlxspec.distributed import start
 
         sharding = start(distributed)
         if options.adaptive:
@@ -102,16 +102,16 @@ def load(
     draft_model = load_model(draft, quantize_bits=draft_bits) if draft is not None else None
     heads = None
     if medusa is not None:
-        from .medusa import load_medusa
+        from mlxspec.drafting.medusa import load_medusa
 
         heads = load_medusa(medusa, target.path)
     feature_head = None
     if eagle is not None:
-        from .feature_head import load_head
+        from mlxspec.drafting.feature_head import load_head
 
         feature_head = load_head(eagle, target.path)
     elif mtp not in (None, False):
-        from .mtp_weights import load_mtp_head
+        from mlxspec.drafting.mtp_weights import load_mtp_head
 
         # Quantized like the target (asked for, or as it was converted): the head's precision changes speed only.
         bits = quantize_target or (target.config.get("quantization") or {}).get("bits")

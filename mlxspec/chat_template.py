@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from mlxspec.errors import UserError
 
 
 def encode_messages(tokenizer: Any, messages: list[dict], model_path: Path | str) -> list[int]:

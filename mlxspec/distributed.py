@@ -21,13 +21,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from .caches import model_family, recurrent_family
-from .drafters import Draft
-from .engine import to_host
-from .errors import UserError
-from .rank_split import MODES, RankSplit, check_split, num_layers
-from .target_features import text_model
-from .trees import TreeShape
+from mlxspec.cache.rollback import model_family, recurrent_family
+from mlxspec.decoding.draft import Draft
+from mlxspec.decoding.engine import to_host
+from mlxspec.errors import UserError
+from mlxspec.plan.rank_split import MODES, RankSplit, check_split, num_layers
+from mlxspec.decoding.target_features import text_model
+from mlxspec.decoding.trees import TreeShape
 
 LAUNCH = "mlx.launch -n 2 --backend ring --python PYTHON LAUNCHER generate ... --distributed MODE"
 
@@ -105,7 +105,7 @@ def software_fingerprint() -> str:
 
     import mlx_lm
 
-    from . import __version__
+    from mlxspec import __version__
 
     return (
         f"Python {platform.python_version()}, MLX {mx.__version__}, mlx-lm {mlx_lm.__version__}, mlxspec {__version__}"

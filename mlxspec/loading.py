@@ -12,8 +12,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .errors import UserError
-from .platform import models_dir
+from mlxspec.errors import UserError
+from mlxspec.model_files import read_config, safetensors_header
+from mlxspec.platform import models_dir
 
 MODELS_DIR = models_dir()
 DEFAULT_TARGET = MODELS_DIR / "target"
@@ -74,9 +75,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.
 def check_model_files(path: Path) -> None:
     """Refuse, naming the file, a model directory mlx-lm would fail on with a traceback: an unreadable config, a
     damaged or missing weights file (an interrupted download), or no tokenizer."""
-    from .metadata import _read_config, safetensors_header
-
-    config = _read_config(path / "config.json")
+    config = read_config(path / "config.json")
     if not isinstance(config.get("model_type"), str):
         raise UserError(f"'{path / 'config.json'}' has no model_type; is it an mlx-lm or Hugging Face model?")
     weights = sorted(p for p in path.glob("*.safetensors") if p.exists() or p.is_symlink())

@@ -7,16 +7,38 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from .errors import UserError
-from .sampling import SamplingConfig
-from .verify_kernel import KERNEL_CHOICES
+from mlxspec.errors import UserError
 
+KERNEL_CHOICES = ("auto", "on", "off")  # the verify kernel (kernels/verify.py): on where built, always, never
 MAX_NUM_DRAFT = 64  # the longest chain, or the deepest tree, one step may draft
 ADAPTIVE_MAX_DRAFT = 8  # the longest chain the adaptive controller may choose
 MAX_SEED = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise UserError(f"temperature {self.temperature} is negative; use 0 for greedy or a value > 0")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"top_p {self.top_p} is outside (0, 1]; use 1.0 to disable it")
+        if self.top_k < 0:
+            raise UserError(f"top_k {self.top_k} is negative; use 0 to disable it")
+        if not 0 <= self.min_p <= 1:
+            raise UserError(f"min_p {self.min_p} is outside [0, 1]; use 0 to disable it")
+
 
 
 def _is_int(value: Any) -> bool:
@@ -70,6 +92,11 @@ class DecodeOptions:
     kv_bits: int | None = None  # quantize both KV caches (4 or 8)
     draft_window: int | None = None  # cap the draft model's KV cache at this many tokens
     kernel: str = "auto"  # the verify kernel (verify_kernel.py): auto (on where built for the device), on, off
+
+    @classmethod
+    def sampling_as(cls, sampling: SamplingConfig, **changes: Any) -> DecodeOptions:
+        """Options that sample as `sampling` does, with `changes` (tests and scripts that hold a SamplingConfig)."""
+        return cls(**asdict(sampling), **changes)
 
     @property
     def sampling(self) -> SamplingConfig:

@@ -45,6 +45,18 @@ class Stats:
     def prompt_tokens_per_second(self) -> float:
         return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
 
+    def line(self) -> str:
+        """The one stats line (generate -v, chat, the server's log): key=value pairs a script can split."""
+        tree = f"tree_nodes={self.tree_nodes} " if self.tree_nodes else ""
+        return (
+            f"mode={self.mode.replace(' ', '-')} k={self.num_draft} seed={self.seed} "
+            f"alpha={self.acceptance_rate:.2f} tau={self.tokens_per_target_call:.2f} "
+            f"gen={self.tokens_per_second:.1f} tok/s prompt={self.prompt_tokens_per_second:.1f} tok/s "
+            f"tokens={self.generated_tokens} target_calls={self.target_calls} {tree}"
+            f"kernel={self.kernel.split(' ')[0].rstrip(':') or 'off'} "
+            f"peak={self.peak_memory_bytes / 2**20:.1f} MiB"
+        )
+
     def to_dict(self) -> dict:
         out = asdict(self)
         for name in ("acceptance_rate", "tokens_per_target_call", "tokens_per_second", "prompt_tokens_per_second"):

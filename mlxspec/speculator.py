@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -10,23 +9,26 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import verify_kernel
-from .caches import CacheSpec, rollback_room
-from .chat_template import encode_messages
-from .drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, make_drafter
-from .engine import SpeculativeEngine
-from .errors import UserError
-from .loading import LoadedModel, check_compatible
-from .options import DecodeOptions
-from .prompt_cache import PromptCache, Reuse
-from .results import Chunk, GenerationResult, Stats
-from .text import TextStream
+from mlxspec.kernels import verify as verify_kernel
+from mlxspec.cache.rollback import CacheSpec, rollback_room
+from mlxspec.chat_template import encode_messages
+from mlxspec.decoding.draft import Drafter
+from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.drafting.lookup import PromptLookupDrafter
+from mlxspec.drafting.factory import make_drafter
+from mlxspec.decoding.assembly import build_engine
+from mlxspec.errors import UserError
+from mlxspec.loading import LoadedModel, check_compatible
+from mlxspec.options import DecodeOptions
+from mlxspec.decoding.prompt_cache import PromptCache, Reuse
+from mlxspec.results import Chunk, GenerationResult, Stats
+from mlxspec.text import TextStream
 
 
 def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
     """What drafted, in words, for -v, --json and stats.mode."""
-    from .feature_drafter import FeatureDrafter
-    from .medusa import MedusaDrafter
+    from mlxspec.drafting.feature_drafter import FeatureDrafter
+    from mlxspec.drafting.medusa import MedusaDrafter
 
     tree = f" tree {options.depth}x{options.tree_topk}" if options.tree_topk > 1 else ""
     if isinstance(drafter, FeatureDrafter) and options.tree_topk > 1:
@@ -85,9 +87,10 @@ class Speculator:
         self._successors = None  # prompt lookup's corpus table, loaded on first use
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
         self.last_stats = Stats()
+        self._routed_counts: dict[tuple[int, int], int] = {}
         # prompt_cache N > 0: the last N runs keep their caches, and a next prompt prefills only past its longest
-        # common prefix with one of them (a chat or server resending conversations). Runs must then not
-        # interleave: one stream at a time.
+        # common prefix with one of them (a chat or server resending conversations). A running stream holds its
+        # caches alone: another stream started meanwhile takes another entry or starts cold.
         self.prompt_cache = PromptCache(prompt_cache) if prompt_cache else None
         self.sharding = sharding  # distributed.Sharding: the target split across ranks, or None
 
@@ -156,43 +159,52 @@ class Speculator:
         stats.prompt_tokens = len(tokens)
         healed_text, first_token_mask = "", None
         if options.heal:
-            from .healing import heal as heal_prompt
+            from mlxspec.healing import heal as heal_prompt
 
             tokens, healed_text, first_token_mask = heal_prompt(self.tokenizer, tokens)
         stats.seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
         if self.sharding is not None and options.seed is None:
             stats.seed = self.sharding.common_seed(stats.seed)
+        backend, status = verify_kernel.resolve(options.kernel)
+        if status.startswith("unavailable"):
+            verify_kernel.warn_once_without_kernel(status)
+        # The routed views are built once per model and kept; the models themselves are never changed.
+        target = verify_kernel.routed_view(self.target.model, backend)
+        head = verify_kernel.routed_view(self.feature_head, backend) if self.feature_head is not None else None
+        stats.kernel = f"{backend.name} ({self._routed_layers(target, head)} layers)" if backend is not None else status
         options, tree_note = self._chain_if_no_trees(options)
-        drafter, controller, stats.note = self._drafting(options)
+        drafter, controller, stats.note = self._drafting(options, target, head)
         stats.note = stats.note or tree_note
         stats.mode = describe_drafter(drafter, options)
         stats.num_draft = 0 if drafter is None else ("auto" if controller is not None else options.depth)
         reuse = self._reuse(tokens, drafter, options)
-        engine = SpeculativeEngine(
-            self.target.model,
-            reuse.drafter,
-            options.sampling,
-            num_draft=options.depth,
-            seed=stats.seed,
-            kv_bits=options.kv_bits,
-            context_length=self.target.context_length,
-            max_nodes=options.max_nodes,
-            controller=controller,
-            cache=reuse.cache,
-        )
-        engine.first_token_mask = first_token_mask
-        engine.ranks = self.sharding
         if self.prompt_cache is not None:
             stats.reused_tokens, stats.prompt_cache = reuse.target_tokens, reuse.how
-        backend, status = verify_kernel.resolve(options.kernel)
-        if status.startswith("unavailable"):
-            verify_kernel.warn_once_without_kernel(status)
-        with contextlib.ExitStack() as stack:
-            layers = stack.enter_context(verify_kernel.routed(self.target.model, backend))
-            if self.feature_head is not None:  # the head's own matrices are read once per draft step as well
-                layers += stack.enter_context(verify_kernel.routed(self.feature_head, backend))
-            stats.kernel = f"{backend.name} ({layers} layers)" if backend is not None else status
+        engine = build_engine(
+            target,
+            reuse.drafter,
+            options,
+            seed=stats.seed,
+            context_length=self.target.context_length,
+            controller=controller,
+            cache=reuse.cache,
+            ranks=self.sharding,
+            first_token_mask=first_token_mask,
+        )
+        try:
             yield from self._run(engine, reuse, tokens, options, stats, healed_text)
+        finally:  # finished, stopped by the caller, or failed: only a run that is between steps leaves a usable state
+            if self.prompt_cache is not None:
+                self.prompt_cache.keep(engine.kept_state(), options.drafting_key)
+
+    def _routed_layers(self, target, head) -> int:
+        """How many layers of the target (and feature head) call the verify kernel: counted once per view."""
+        key = (id(target), id(head))
+        if key not in self._routed_counts:
+            self._routed_counts[key] = verify_kernel.count_routed(target) + (
+                verify_kernel.count_routed(head) if head is not None else 0
+            )
+        return self._routed_counts[key]
 
     def _reuse(self, tokens: list[int], drafter: Drafter | None, options: DecodeOptions) -> Reuse:
         """The caches the last run left that this prompt can continue from, or a cold start (prompt_cache.py)."""
@@ -206,8 +218,6 @@ class Speculator:
         drafter = engine.drafter
         start = time.perf_counter()
         engine.prefill(tokens, reuse.target_tokens, reuse.drafter_tokens)
-        if self.prompt_cache is not None:  # kept by reference: its state follows every step (see PromptCache)
-            self.prompt_cache.keep(engine, options.drafting_key)
         stats.prompt_seconds = time.perf_counter() - start
         text = TextStream(self.tokenizer, options.stop, options.stop_at_eos, skip=len(healed_text))
         start = time.perf_counter()
@@ -238,7 +248,7 @@ class Speculator:
         wants_tree = options.tree_topk > 1 or (options.lookup and options.lookup_candidates > 1)
         if not wants_tree:
             return options, ""
-        from .tree_attention import tree_refusal
+        from mlxspec.decoding.tree_attention import tree_refusal
 
         why = tree_refusal(self.target.model)
         if self.sharding is not None and not self.sharding.everyone(why is None):
@@ -249,10 +259,11 @@ class Speculator:
         chain = options.updated(tree_topk=1, tree_nodes=None, lookup_candidates=1, num_draft=depth)
         return chain, f"{why}; drafting a chain instead"
 
-    def _drafting(self, options: DecodeOptions) -> tuple[Drafter | None, Any, str]:
-        """(drafter, adaptive controller, a note when falling back to plain decoding) for these options."""
-        from .caches import rollback_blocker
-        from .feature_drafter import FeatureDrafter
+    def _drafting(self, options: DecodeOptions, target: Any, head: Any) -> tuple[Drafter | None, Any, str]:
+        """(drafter, adaptive controller, a note when falling back to plain decoding) for these options; `target`
+        and `head`: the target model and feature head as this run calls them (routed through the kernel or not)."""
+        from mlxspec.cache.rollback import rollback_blocker
+        from mlxspec.drafting.feature_drafter import FeatureDrafter
 
         wants_model = options.use_draft and any(x is not None for x in (self.draft, self.medusa, self.feature_head))
         if not (wants_model or options.lookup):
@@ -262,7 +273,7 @@ class Speculator:
         blocker = self._blocker or None
         if blocker is not None:
             if not self.options.lookup or wants_model:  # asked for by name: refuse rather than silently not draft
-                from .caches import cannot_roll_back
+                from mlxspec.cache.rollback import cannot_roll_back
 
                 raise cannot_roll_back(self.target.model, blocker)
             note = f"the target keeps recurrent state ({blocker}) that cannot be rolled back; decoding plainly"
@@ -272,9 +283,9 @@ class Speculator:
             options,
             draft_model=self.draft.model if self.draft is not None else None,
             medusa=self.medusa,
-            target_model=self.target.model,
+            target_model=target,
             successors=successors,
-            feature_head=self.feature_head,
+            feature_head=head,
         )
         controller = None
         if (
@@ -293,15 +304,16 @@ class Speculator:
 
     def draft_length_controller(self, max_draft: int, with_draft: bool = True, kernel: str = "auto"):
         """Adaptive draft length from this device's measured cost curve (measured once, then cached)."""
-        from .costs import DraftLengthController, speculator_curve
+        from mlxspec.decoding.costs import DraftLengthController, model_curve
 
-        curve = speculator_curve(self, tuple(range(1, max_draft + 2)), with_draft=with_draft, kernel=kernel)
+        draft = self.draft if with_draft else None
+        curve = model_curve(self.target, draft, tuple(range(1, max_draft + 2)), kernel=kernel)
         return DraftLengthController(curve, max_draft)
 
     def corpus_successors(self):
         """Prompt lookup's fallback table for this tokenizer (built once per machine, then read once per load)."""
         if self._successors is None:
-            from .ngram_table import corpus_successors
+            from mlxspec.drafting.ngram_table import corpus_successors
 
             self._successors = corpus_successors(self.tokenizer, self.vocab_size)
         return self._successors

@@ -13,13 +13,13 @@ import json
 
 import mlx.core as mx
 
-from mlxspec import verify_kernel
-from mlxspec.bench import heldout_prompts
-from mlxspec.drafters import make_drafter
-from mlxspec.engine import SpeculativeEngine
-from mlxspec.feature_head import load_head
+from mlxspec.kernels import verify as verify_kernel
+from mlxspec.bench.runner import heldout_prompts
+from mlxspec.drafting.factory import make_drafter
+from mlxspec.decoding.assembly import build_engine
+from mlxspec.drafting.feature_head import load_head
 from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
-from mlxspec.medusa import load_medusa
+from mlxspec.drafting.medusa import load_medusa
 from mlxspec.options import DecodeOptions
 
 
@@ -30,15 +30,8 @@ def measure(target, options: DecodeOptions, prompts, max_tokens: int, **drafter_
     backend, _ = verify_kernel.resolve(options.kernel)
     for seed, prompt in enumerate(prompts):
         drafter = make_drafter(options, target_model=target.model, **drafter_args)
-        engine = SpeculativeEngine(
-            target.model,
-            drafter,
-            options.sampling,
-            num_draft=options.depth,
-            seed=seed,
-            max_nodes=options.tree_nodes or options.depth,
-        )
-        with verify_kernel.routed(target.model, backend):
+        engine = build_engine(verify_kernel.routed_view(target.model, backend), drafter, options, seed=seed)
+        if True:  # (the routed view is built once; no block to enter)
             engine.prefill(prompt)
             produced = 0
             while produced < max_tokens:

@@ -23,10 +23,10 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from tiny import make_tiny  # noqa: E402
 
-from mlxspec import verify_kernel  # noqa: E402
-from mlxspec.drafters import Draft, Drafter  # noqa: E402
-from mlxspec.engine import SpeculativeEngine  # noqa: E402
-from mlxspec.sampling import SamplingConfig  # noqa: E402
+from mlxspec.kernels import verify as verify_kernel  # noqa: E402
+from mlxspec.decoding.draft import Draft, Drafter
+from mlxspec.decoding.assembly import build_engine  # noqa: E402
+from mlxspec.options import DecodeOptions  # noqa: E402
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 
@@ -56,11 +56,10 @@ class CorruptedOracle(Drafter):
 
 
 def run(target, drafter, tokens: int, num_draft: int, max_merged_replay: int | None) -> dict:
-    engine = SpeculativeEngine(
-        target, drafter, SamplingConfig(), num_draft=num_draft, max_merged_replay=max_merged_replay
-    )
+    routed = verify_kernel.routed_view(target, verify_kernel.resolve("auto")[0])
+    engine = build_engine(routed, drafter, DecodeOptions(num_draft=num_draft), max_merged_replay=max_merged_replay)
     out, drafted, accepted, steps = [], 0, 0, 0
-    with verify_kernel.routed(target, verify_kernel.resolve("auto")[0]):
+    if True:  # (the routed view is built once; no block to enter)
         engine.prefill(PROMPT)
         start = time.perf_counter()
         while len(out) < tokens:

@@ -17,9 +17,9 @@ import time
 
 import mlx.core as mx
 
-from mlxspec import verify_kernel
-from mlxspec.acceptance import accept_chain
-from mlxspec.sampling import SamplingConfig, sample, to_probs, to_probs_checked, to_probs_sorted
+from mlxspec.kernels import verify as verify_kernel
+from mlxspec.decoding.acceptance import accept_chain
+from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs, to_probs_checked, to_probs_sorted
 
 VOCABS = (32000, 128256, 151936, 262144)
 K = 4
@@ -88,8 +88,8 @@ LOGIT_GAIN = 12.0
 def model_split(engines: list, steps: int = 12) -> dict[str, float]:
     from mlx_lm.utils import _get_classes
 
-    from mlxspec.drafters import make_drafter
-    from mlxspec.engine import SpeculativeEngine
+    from mlxspec.drafting.factory import make_drafter
+    from mlxspec.decoding.assembly import build_engine
     from mlxspec.options import DecodeOptions
 
     def build(config: dict, seed: int):
@@ -106,16 +106,15 @@ def model_split(engines: list, steps: int = 12) -> dict[str, float]:
     target = build(QWEN_05B, 0)
     draft = build({**QWEN_05B, "num_hidden_layers": 2}, 1)
     options = DecodeOptions(temperature=CONFIG.temperature, top_p=CONFIG.top_p, num_draft=K)
-    engine = SpeculativeEngine(target, make_drafter(options, draft_model=draft), CONFIG, num_draft=K)
-    engines.append(engine)
     backend, _ = verify_kernel.resolve(options.kernel)
-    with verify_kernel.routed(target, backend):
-        engine.prefill(list(range(1, 65)))
-        engine.step(K + 1)  # warm up
-        totals: dict[str, float] = {}
-        engine.profile = totals
-        for _ in range(steps):
-            engine.step(K + 1)
+    engine = build_engine(verify_kernel.routed_view(target, backend), make_drafter(options, draft_model=draft), options)
+    engines.append(engine)
+    engine.prefill(list(range(1, 65)))
+    engine.step(K + 1)  # warm up
+    totals: dict[str, float] = {}
+    engine.profile = totals
+    for _ in range(steps):
+        engine.step(K + 1)
     return {phase: 1e3 * seconds / steps for phase, seconds in totals.items()}
 
 

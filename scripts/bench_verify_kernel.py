@@ -14,11 +14,11 @@ import argparse
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxspec import verify_kernel
-from mlxspec.costs import _time_forward
+from mlxspec.kernels import verify as verify_kernel
+from mlxspec.decoding.costs import _time_forward
 from mlxspec.loading import DEFAULT_TARGET, load_model
 from mlxspec.platform import blas_in_use
-from mlxspec.widen import WidenSpec, widen
+from mlxspec.bench.widen import WidenSpec, widen
 
 SIZES = (1, 2, 4, 8, 16)
 
@@ -48,8 +48,8 @@ def main() -> None:
         model, _ = widen(source.model, source.config, WidenSpec.parse(args.widen))
         model = converted(model, fmt)
         for name, use in (("mlx", None), ("kernel", backend)):
-            with verify_kernel.routed(model, use):
-                costs = [_time_forward(model, n, 256, 7) for n in SIZES]
+            view = verify_kernel.routed_view(model, use)
+            costs = [_time_forward(view, n, 256, 7) for n in SIZES]
             ratios = "/".join(f"{c / costs[0]:.2f}" for c in costs[1:])
             print(f"{fmt:7s} {name:7s} " + " ".join(f"{1e3 * c:9.1f}" for c in costs) + f"   {ratios}")
         del model

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxspec.corpus import split_files
+from mlxspec.drafting.corpus import split_files
 from mlxspec.loading import DEFAULT_TARGET, load_model
-from mlxspec.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads
-from mlxspec.medusa_train import token_stream, topk_accuracy
+from mlxspec.drafting.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads
+from mlxspec.train.medusa import token_stream, topk_accuracy
 
 
 def main() -> None:

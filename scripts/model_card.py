@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mlxspec.corpus import split_files, stdlib_root  # noqa: E402
+from mlxspec.drafting.corpus import split_files, stdlib_root  # noqa: E402
 
 MODELS = Path("models")
 LOGS = MODELS / "training_logs"
@@ -50,7 +50,7 @@ def main() -> None:
         "Trained from scratch, offline, on the Python standard library of the interpreter that ran the scripts "
         "(CPython 3.11.7; `sysconfig.get_paths()['stdlib']`, without `test/`, `tests/`, `idlelib/` and "
         "`site-packages`). About 5% of files are held out by a hash of their path "
-        "(`mlxspec.corpus.is_heldout`); the list is in [`heldout_files.txt`](heldout_files.txt).",
+        "(`mlxspec.drafting.corpus.is_heldout`); the list is in [`heldout_files.txt`](heldout_files.txt).",
         "",
         "| model | architecture | parameters | on disk | tokens seen | training time | held-out loss |",
         "|---|---|---|---|---|---|---|",

@@ -119,7 +119,7 @@ def check_the_copy_is_what_runs(workdir: Path) -> None:
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
     env = dict(os.environ, PYTHONPATH=str(copy), MLXSPEC_NO_OPENBLAS="1")
     proc = subprocess.run(
-        [sys.executable, "-c", "import mlxspec.acceptance"], cwd=copy, env=env, capture_output=True, text=True
+        [sys.executable, "-c", "import mlxspec.decoding.acceptance"], cwd=copy, env=env, capture_output=True, text=True
     )
     assert "the mutated copy is the one imported" in proc.stderr, "the tests would not run the mutated copy"
     shutil.rmtree(copy)

@@ -24,7 +24,7 @@ class VerifierMutation:
     def pytest_configure(self, config):
         import mlx.core as mx
 
-        import mlxspec.engine as engine
+        import mlxspec.decoding.engine as engine
 
         chain, deterministic, tree = engine.accept_chain, engine.accept_deterministic_chain, engine.accept_tree_samples
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.utils import _get_classes
 
-from mlxspec.devices import Device
-from mlxspec.drafters import make_drafter
-from mlxspec.engine import SpeculativeEngine
+from mlxspec.plan.devices import Device
+from mlxspec.drafting.factory import make_drafter
+from mlxspec.decoding.assembly import build_engine
 from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
-from mlxspec.metadata import ModelMetadata, load_metadata
+from mlxspec.plan.metadata import ModelMetadata, load_metadata
 from mlxspec.options import DecodeOptions
-from mlxspec.planner import PlanRequest, make_plan
+from mlxspec.plan.planner import PlanRequest, make_plan
 
 GENERATED, NUM_DRAFT = 32, 4
 
@@ -40,7 +40,7 @@ def measure(target, draft, context: int, vocab: int) -> int:
     options = DecodeOptions(num_draft=NUM_DRAFT)
     mx.clear_cache()
     mx.reset_peak_memory()
-    engine = SpeculativeEngine(target, make_drafter(options, draft_model=draft), options.sampling, num_draft=NUM_DRAFT)
+    engine = build_engine(target, make_drafter(options, draft_model=draft), options)
     prompt = [(i * 7919) % vocab for i in range(context - GENERATED)]
     engine.prefill(prompt)
     produced = 0

@@ -25,7 +25,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mlxspec.corpus import read_text, split_files  # noqa: E402
+from mlxspec.drafting.corpus import read_text, split_files  # noqa: E402
 
 
 @dataclass

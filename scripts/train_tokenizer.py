@@ -13,7 +13,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mlxspec.corpus import read_text, split_files  # noqa: E402
+from mlxspec.drafting.corpus import read_text, split_files  # noqa: E402
 
 EOS = "<|endoftext|>"
 

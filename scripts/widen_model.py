@@ -13,7 +13,7 @@ from pathlib import Path
 from mlx_lm.utils import save_config, save_model
 
 from mlxspec.loading import DEFAULT_TARGET, load_model
-from mlxspec.widen import WidenSpec, widen
+from mlxspec.bench.widen import WidenSpec, widen
 
 
 def main() -> None:

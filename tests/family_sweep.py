@@ -18,7 +18,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from tiny import LINEAR_ATTENTION
 
-from mlxspec.drafters import PromptLookupDrafter
+from mlxspec.drafting.lookup import PromptLookupDrafter
 
 VOCAB = 64
 
@@ -257,29 +257,27 @@ def quantizable_variant(family: str) -> nn.Module:
 
 def run_engine(target, drafter, prompt, kv_bits=None, num_draft=3, tree_topk=1) -> tuple[list[int], int, int]:
     """(tokens, drafted, accepted) from mlxspec's engine, greedy, through the verify kernel as the API runs it."""
-    from mlxspec import verify_kernel
-    from mlxspec.engine import SpeculativeEngine
-    from mlxspec.sampling import SamplingConfig
+    from mlxspec.kernels import verify as verify_kernel
+    from mlxspec.decoding.assembly import build_engine
+    from mlxspec.options import DecodeOptions
 
-    engine = SpeculativeEngine(
-        target, drafter, SamplingConfig(), num_draft=num_draft, kv_bits=kv_bits, max_nodes=num_draft * tree_topk
-    )
+    options = DecodeOptions(num_draft=num_draft, kv_bits=kv_bits, tree_topk=tree_topk)
+    engine = build_engine(verify_kernel.routed_view(target, verify_kernel.resolve("auto")[0]), drafter, options)
     out, drafted, accepted = [], 0, 0
-    with verify_kernel.routed(target, verify_kernel.resolve("auto")[0]):
-        engine.prefill(list(prompt))
-        while len(out) < NUM_TOKENS:
-            step = engine.step(NUM_TOKENS - len(out))
-            out, drafted, accepted = out + step.tokens, drafted + step.drafted, accepted + step.accepted
+    engine.prefill(list(prompt))
+    while len(out) < NUM_TOKENS:
+        step = engine.step(NUM_TOKENS - len(out))
+        out, drafted, accepted = out + step.tokens, drafted + step.drafted, accepted + step.accepted
     return out, drafted, accepted
 
 
 def run_mode(family: str, mode: str, target: nn.Module, draft: nn.Module, noise: float = 0.03) -> Outcome:
     from helpers import greedy_logit_gap, mlx_lm_greedy
 
-    from mlxspec.drafters import DraftModelDrafter
+    from mlxspec.drafting.draft_model import DraftModelDrafter
     from mlxspec.errors import UserError
-    from mlxspec.sampling import SamplingConfig
-    from mlxspec.tree_attention import tree_refusal
+    from mlxspec.decoding.sampling import SamplingConfig
+    from mlxspec.decoding.tree_attention import tree_refusal
 
     prompt, kv_bits, tree_topk, drafter = PROMPT, None, 1, None
     try:

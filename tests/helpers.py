@@ -6,11 +6,11 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxspec import verify_kernel
-from mlxspec.drafters import make_drafter
-from mlxspec.engine import SpeculativeEngine
+from mlxspec.kernels import verify as verify_kernel
+from mlxspec.drafting.factory import make_drafter
+from mlxspec.decoding.assembly import build_engine
 from mlxspec.options import DecodeOptions
-from mlxspec.sampling import SamplingConfig
+from mlxspec.decoding.sampling import SamplingConfig
 
 
 def speculative_tokens(
@@ -43,19 +43,17 @@ def speculative_tokens(
             tree_topk=tree_topk,
         )
         drafter = make_drafter(options, draft_model=draft)
-    engine = SpeculativeEngine(
-        target, drafter, sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits, max_nodes=num_draft * tree_topk
-    )
+    options = DecodeOptions.sampling_as(sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits, tree_topk=tree_topk)
     backend, _ = verify_kernel.resolve(kernel)
+    engine = build_engine(verify_kernel.routed_view(target, backend), drafter, options)
     out: list[int] = []
-    with verify_kernel.routed(target, backend):
-        engine.prefill(list(prompt))
-        while len(out) < max_tokens:
-            step = engine.step(max_tokens - len(out))
-            out += step.tokens
-            if totals is not None:
-                totals["drafted"] = totals.get("drafted", 0) + step.drafted
-                totals["accepted"] = totals.get("accepted", 0) + step.accepted
+    engine.prefill(list(prompt))
+    while len(out) < max_tokens:
+        step = engine.step(max_tokens - len(out))
+        out += step.tokens
+        if totals is not None:
+            totals["drafted"] = totals.get("drafted", 0) + step.drafted
+            totals["accepted"] = totals.get("accepted", 0) + step.accepted
     if engine_out is not None:
         engine_out.append(engine)
     return out

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from stats import ALPHA, chi_square_pvalue
 
-from mlxspec.acceptance import accept_chain, accept_deterministic_chain, residual_distribution
-from mlxspec.sampling import SamplingConfig, to_probs
-from mlxspec.trees import TreeShape, accept_tree_samples
+from mlxspec.decoding.acceptance import accept_chain, accept_deterministic_chain, residual_distribution
+from mlxspec.decoding.sampling import SamplingConfig, to_probs
+from mlxspec.decoding.trees import TreeShape, accept_tree_samples
 
 
 def random_dist(rng, vocab, zeros=0):
@@ -128,7 +128,7 @@ def test_deterministic_chain_agrees_with_one_hot_leviathan_and_with_the_tree_ver
 def test_a_token_the_target_gives_zero_probability_is_never_accepted_even_when_u_is_zero(monkeypatch):
     """Acceptance is u * q(x) < p(x), strictly: with p(x) = 0 even the smallest uniform (0.0, which float uniforms
     can draw) rejects. `<=` would emit a token the target never samples."""
-    from mlxspec import acceptance
+    from mlxspec.decoding import acceptance
 
     monkeypatch.setattr(mx.random, "uniform", lambda shape, key: mx.zeros(shape))
     draft = mx.array([[0.5, 0.5, 0.0]])

@@ -16,7 +16,7 @@ from tiny import save_tiny_model_dir
 
 import mlxspec
 from mlxspec import UserError
-from mlxspec.cli import main
+from mlxspec.cli.main import main
 
 
 @pytest.fixture
@@ -326,8 +326,8 @@ def test_module_generate_takes_every_load_keyword(tiny_dirs):
 def test_kv_bits_on_head_dim_96_works_and_is_planned_that_way(tmp_path):
     import mlx.core as mx
 
-    from mlxspec import memory_model as mm
-    from mlxspec.caches import make_speculative_cache
+    from mlxspec.plan import memory_model as mm
+    from mlxspec.cache.rollback import make_speculative_cache
 
     path = save_tiny_model_dir(tmp_path / "hd96", hidden_size=192, num_attention_heads=2, num_key_value_heads=1)
     spec = mlxspec.load(path, draft=path, kv_bits=8, num_draft=3)
@@ -340,9 +340,9 @@ def test_kv_bits_on_head_dim_96_works_and_is_planned_that_way(tmp_path):
 
 
 def test_kv_bits_on_an_unquantizable_head_size_is_refused_and_not_suggested(tmp_path):
-    from mlxspec.devices import Device
-    from mlxspec.metadata import load_metadata
-    from mlxspec.planner import PlanRequest, make_plan
+    from mlxspec.plan.devices import Device
+    from mlxspec.plan.metadata import load_metadata
+    from mlxspec.plan.planner import PlanRequest, make_plan
 
     path = save_tiny_model_dir(tmp_path / "hd80", hidden_size=160, num_attention_heads=2, num_key_value_heads=1)
     with pytest.raises(UserError, match="head_dim 80"):

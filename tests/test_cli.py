@@ -104,7 +104,7 @@ def test_reexec_adds_openblas_and_its_thread_timeout_once(monkeypatch, environ, 
     import ctypes
     import os
 
-    from mlxspec import cli
+    from mlxspec.cli import main as cli
 
     for name in ("LD_PRELOAD", "OPENBLAS_THREAD_TIMEOUT", "MLXSPEC_NO_OPENBLAS", "_MLXSPEC_REEXEC"):
         monkeypatch.delenv(name, raising=False)
@@ -169,7 +169,7 @@ def test_bench_compares_every_mode_on_a_fresh_install(tiny_dirs, tmp_path):
         "mlxspec lookup tree 3x8",
         "mlxspec lookup+draft k=4",
     }
-    from mlxspec.verify_kernel import cpu_backend
+    from mlxspec.kernels.verify import cpu_backend
 
     if cpu_backend()[0] is not None:  # the kernel's own share: plain decoding without it
         expected_modes.add("mlxspec no-draft, kernel off")

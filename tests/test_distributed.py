@@ -22,7 +22,7 @@ from test_engine_exactness import exact_joint
 from tiny import make_tiny, save_tiny_model_dir
 
 from mlxspec.loading import load_model
-from mlxspec.sampling import SamplingConfig
+from mlxspec.decoding.sampling import SamplingConfig
 
 LAUNCH = [str(Path(sys.executable).parent / "mlx.launch"), "-n", "2", "--backend", "ring", "--python", sys.executable]
 PROMPT = [1, 2, 3, 4, 5]
@@ -185,9 +185,9 @@ def test_feature_and_medusa_heads_on_every_rank_decode_exactly(family, mode, tmp
     """The heads read the target's final hidden state, whole on every rank after the all-reduce (tensor) or the
     final all-gather (pipeline). On the one-layer tensor target the EAGLE head copies the target's own layer, so
     its drafts must be accepted; the two-layer pipeline target gets random heads (exactness only)."""
-    from mlxspec.feature_head import new_eagle_head, save_head
-    from mlxspec.head_files import base_model_identity
-    from mlxspec.medusa import MedusaConfig, MedusaHeads, save_medusa
+    from mlxspec.drafting.feature_head import new_eagle_head, save_head
+    from mlxspec.drafting.head_files import base_model_identity
+    from mlxspec.drafting.medusa import MedusaConfig, MedusaHeads, save_medusa
 
     layers = 1 if mode == "tensor" else 2
     target_dir = save_tiny_model_dir(tmp_path / family, family, num_hidden_layers=layers)
@@ -256,7 +256,7 @@ def test_sampled_output_on_two_ranks_follows_the_target_distribution(tmp_path):
 
 def cli_launcher(tmp_path: Path) -> Path:
     launcher = tmp_path / "launch.py"
-    launcher.write_text("import sys\nfrom mlxspec.cli import main\nmain(['mlxspec', *sys.argv[1:]])\n")
+    launcher.write_text("import sys\nfrom mlxspec.cli.main import main\nmain(['mlxspec', *sys.argv[1:]])\n")
     return launcher
 
 
@@ -281,14 +281,14 @@ def test_the_command_line_prints_on_rank_zero_only(tmp_path, tiny_dirs):
 DYING_SCRIPT = """
 import os, sys
 if os.environ["MLX_RANK"] == "1":
-    from mlxspec import engine
+    from mlxspec.decoding import engine
     step = engine.SpeculativeEngine.step
     def dying(self, *args, **kwargs):
         if self.target_calls == 1:
             os._exit(3)
         return step(self, *args, **kwargs)
     engine.SpeculativeEngine.step = dying
-from mlxspec.cli import main
+from mlxspec.cli.main import main
 main(["mlxspec", *sys.argv[1:]])
 """
 
@@ -373,9 +373,9 @@ def test_a_split_that_cannot_work_is_refused_in_one_line(family, mode, message, 
 def test_a_draft_survives_its_encoding_for_the_other_ranks():
     """encode_draft / decode_draft, the layout every step's all-reduce carries (pure; no ranks needed)."""
     from mlxspec.distributed import decode_draft, encode_draft
-    from mlxspec.drafters import Draft
+    from mlxspec.decoding.draft import Draft
     from mlxspec.errors import UserError
-    from mlxspec.trees import TreeShape
+    from mlxspec.decoding.trees import TreeShape
 
     assert encode_draft(None, 3).tolist() == [0, 0, 0, -1, -1, -1, 0, 0, 0]
     assert decode_draft(encode_draft(None, 3).tolist(), None, 1) is None

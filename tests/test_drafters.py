@@ -4,9 +4,9 @@ import mlx.core as mx
 import pytest
 from tiny import FAMILIES, make_tiny
 
-from mlxspec.compiled_draft import StaticKVCache, supports_compiled_draft
-from mlxspec.drafters import DraftModelDrafter
-from mlxspec.sampling import SamplingConfig
+from mlxspec.drafting.compiled_draft import StaticKVCache, supports_compiled_draft
+from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.decoding.sampling import SamplingConfig
 
 PROMPT = [1, 2, 3, 4, 5, 6, 0, 1, 2]
 

@@ -11,10 +11,10 @@ import pytest
 from helpers import mlx_lm_greedy
 
 import mlxspec
-from mlxspec.drafters import PromptLookupDrafter
-from mlxspec.engine import SpeculativeEngine
+from mlxspec.drafting.lookup import PromptLookupDrafter
+from mlxspec.decoding.assembly import build_engine
 from mlxspec.loading import MODELS_DIR
-from mlxspec.sampling import SamplingConfig
+from mlxspec.options import DecodeOptions
 
 # Repetitive code: the embedded target (trained on the stdlib) continues it, and every drafter has a chance.
 CODE = (
@@ -79,7 +79,7 @@ def test_the_corpus_fallback_alone_gets_drafts_accepted(embedded):
     """Lookup that can never match (n-grams of 100 tokens) drafts only from the corpus bigram table."""
     spec, prompt, expected = embedded
     drafter = PromptLookupDrafter(min_ngram=100, max_ngram=100, successors=spec.corpus_successors())
-    engine = SpeculativeEngine(spec.target.model, drafter, SamplingConfig(), num_draft=4)
+    engine = build_engine(spec.target.model, drafter, DecodeOptions(num_draft=4))
     engine.prefill(prompt)
     tokens, accepted, drafted = [], 0, 0
     while len(tokens) < TOKENS:

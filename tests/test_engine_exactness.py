@@ -10,8 +10,10 @@ from mlx_lm.models.cache import make_prompt_cache
 from stats import ALPHA, chi_square_pvalue
 from tiny import FAMILIES, make_tiny
 
-import mlxspec.engine as engine_module
-from mlxspec.sampling import SamplingConfig, to_probs
+import mlxspec.decoding.engine as engine_module
+from mlxspec.decoding.assembly import build_engine
+from mlxspec.decoding.sampling import SamplingConfig, to_probs
+from mlxspec.options import DecodeOptions
 
 PROMPTS = [[1, 2, 3, 4], [5, 0, 5, 0, 5, 0, 2], [7, 3]]
 
@@ -82,11 +84,10 @@ def test_target_cache_equals_plain_decoding_cache():
 
 def test_one_host_sync_per_step(monkeypatch):
     target, draft = make_tiny("llama", seed=0), make_tiny("llama", seed=1, num_hidden_layers=1)
-    from mlxspec.drafters import DraftModelDrafter
-    from mlxspec.engine import SpeculativeEngine
-
+    from mlxspec.drafting.draft_model import DraftModelDrafter
     sampling = SamplingConfig(0.8, top_p=0.9)
-    engine = SpeculativeEngine(target, DraftModelDrafter(draft, sampling, 4), sampling, num_draft=4, seed=0)
+    options = DecodeOptions.sampling_as(sampling, num_draft=4)
+    engine = build_engine(target, DraftModelDrafter(draft, sampling, 4), options)
     engine.prefill(PROMPTS[0])
 
     syncs = []
@@ -105,10 +106,8 @@ def test_one_host_sync_per_step(monkeypatch):
 def test_plain_decoding_queues_its_next_forward_with_one_sync_per_step(monkeypatch):
     """No drafter: each step queues the next token's forward before syncing, still one host sync per step, and the
     tokens are mlx-lm's greedy ones."""
-    from mlxspec.engine import SpeculativeEngine
-
     target = make_tiny("llama", seed=0)
-    engine = SpeculativeEngine(target, None, SamplingConfig(), seed=0)
+    engine = build_engine(target, None, DecodeOptions())
     engine.prefill(PROMPTS[1])
     syncs = []
     original_to_host = engine_module.to_host

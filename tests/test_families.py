@@ -58,8 +58,8 @@ def test_every_family_mlx_lm_ships_is_in_the_table():
 def test_the_tree_check_tells_families_the_tree_pass_drives_from_those_it_cannot():
     """gpt2 adds a learned position table indexed by cache.offset, which per-token RoPE cannot move: its tree nodes
     would sit at prefix + index instead of prefix + depth. llama's positions all come from its `rope` module."""
-    from mlxspec.caches import make_speculative_cache
-    from mlxspec.tree_attention import tree_supported
+    from mlxspec.cache.rollback import make_speculative_cache
+    from mlxspec.decoding.tree_attention import tree_supported
 
     for family, expected in (("llama", True), ("gemma3_text", True), ("gpt2", False)):
         model = build(family)

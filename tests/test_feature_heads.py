@@ -11,11 +11,11 @@ from test_engine_exactness import PROMPTS, exact_joint
 from tiny import FAMILIES, make_tiny
 
 from mlxspec import UserError
-from mlxspec.eagle_train import EagleTrainConfig, train_eagle, unrolled_logits, unrolled_mask
-from mlxspec.feature_drafter import FeatureDrafter
-from mlxspec.feature_head import FeatureHead, FeatureHeadConfig, HeadOnTarget, load_head
+from mlxspec.train.eagle import EagleTrainConfig, train_eagle, unrolled_logits, unrolled_mask
+from mlxspec.drafting.feature_drafter import FeatureDrafter
+from mlxspec.drafting.feature_head import FeatureHead, FeatureHeadConfig, HeadOnTarget, load_head
 from mlxspec.loading import load_model
-from mlxspec.sampling import SamplingConfig
+from mlxspec.decoding.sampling import SamplingConfig
 
 SAMPLINGS = [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)]
 
@@ -87,7 +87,7 @@ def test_a_copying_head_has_its_drafts_accepted(family, beam):
 
 def test_lookup_in_front_of_an_eagle_head_stays_exact_and_both_draft():
     """Steps drafted by lookup still hand the head the rows they kept; its next proposal catches up on all of them."""
-    from mlxspec.drafters import LookupThenModelDrafter, PromptLookupDrafter
+    from mlxspec.drafting.lookup import LookupThenModelDrafter, PromptLookupDrafter
 
     target = make_tiny("llama", seed=0, num_hidden_layers=1)
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]

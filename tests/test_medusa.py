@@ -11,16 +11,11 @@ from tiny import FAMILIES, make_tiny
 
 from mlxspec import UserError
 from mlxspec.loading import load_model
-from mlxspec.medusa import (
-    MedusaConfig,
-    MedusaDrafter,
-    MedusaHeads,
-    load_medusa,
-)
-from mlxspec.medusa_train import MedusaTrainConfig, train_medusa
-from mlxspec.sampling import SamplingConfig
-from mlxspec.target_features import forward_with_hidden
-from mlxspec.trees import sparse_tree
+from mlxspec.drafting.medusa import ( MedusaConfig, MedusaDrafter, MedusaHeads, load_medusa, )
+from mlxspec.train.medusa import MedusaTrainConfig, train_medusa
+from mlxspec.decoding.sampling import SamplingConfig
+from mlxspec.decoding.target_features import forward_with_hidden
+from mlxspec.decoding.trees import sparse_tree
 
 
 def random_heads(model, num_heads=3, seed=3):
@@ -95,7 +90,7 @@ def test_train_save_load_and_refuse_other_base_models(tiny_dirs, tmp_path):
 
 
 def test_training_stops_on_a_non_finite_loss_and_saves_nothing(tiny_dirs, tmp_path, monkeypatch):
-    import mlxspec.medusa_train as medusa_train
+    import mlxspec.train.medusa as medusa_train
 
     target = load_model(tiny_dirs["target"])
     monkeypatch.setattr(medusa_train, "head_losses", lambda *args: mx.full((2,), float("nan")))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxspec.openai_api import RequestError, chunk, param_named, parse_request, usage
+from mlxspec.serve.openai_api import RequestError, chunk, param_named, parse_request, usage
 from mlxspec.results import Stats
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]

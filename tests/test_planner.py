@@ -12,13 +12,13 @@ from mlx_lm.models.cache import make_prompt_cache
 from test_bad_input import assert_one_line, cli_run  # noqa: F401 (a fixture)
 from tiny import make_tiny
 
-from mlxspec import memory_model as mm
-from mlxspec.caches import make_speculative_cache
-from mlxspec.devices import PRESETS, Device, parse_size
-from mlxspec.metadata import load_metadata, preset_names, safetensors_bytes
-from mlxspec.mlx_lm_layout import lazy_model
-from mlxspec.planner import PlanRequest, make_plan, max_context, total_bytes
-from mlxspec.rank_split import RankSplit
+from mlxspec.plan import memory_model as mm
+from mlxspec.cache.rollback import make_speculative_cache
+from mlxspec.plan.devices import PRESETS, Device, parse_size
+from mlxspec.plan.metadata import load_metadata, preset_names, safetensors_bytes
+from mlxspec.model_files import lazy_model
+from mlxspec.plan.planner import PlanRequest, make_plan, max_context, total_bytes
+from mlxspec.plan.rank_split import RankSplit
 
 FAMILY_OF_PRESET = {name: load_metadata(name).config["model_type"] for name in preset_names()}
 
@@ -111,7 +111,7 @@ def test_plan_that_does_not_fit_recommends_changes_that_do():
 def test_device_budgets_are_reported_figures_or_marked_estimates():
     """Budgets are not one share of RAM; each is a reported working-set figure or says it is an estimate, and no
     estimate claims more than the published 75%."""
-    from mlxspec.devices import ESTIMATED, REPORTED
+    from mlxspec.plan.devices import ESTIMATED, REPORTED
 
     shares = {round(d.budget_bytes / d.ram_bytes, 3) for d in PRESETS.values()}
     assert len(shares) > 2
@@ -131,7 +131,7 @@ def test_local_directory_uses_exact_safetensors_bytes(tiny_dirs):
 
 def test_plan_cli_json_and_errors():
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "mlxspec.cli", "plan", *args], capture_output=True, text=True)
+        return subprocess.run([sys.executable, "-m", "mlxspec.cli.main", "plan", *args], capture_output=True, text=True)
 
     ok = run("--model", "mixtral-8x7b", "--device", "m3-max-64gb", "--target-bits", "4", "--json")
     assert ok.returncode == 0, ok.stderr
@@ -205,7 +205,7 @@ def test_hybrid_and_mla_cache_bytes_match_the_real_cache_after_a_rolled_back_ste
     prefill and a verify pass of 5 positions rolled back by snapshot (recurrent.rewind)."""
     from family_sweep import build
 
-    from mlxspec.recurrent import leaf_caches, recurrent_leaves, rewind, snapshot
+    from mlxspec.cache.recurrent import leaf_caches, recurrent_leaves, rewind, snapshot
 
     model = make_tiny(family) if family != "deepseek_v2" else build("deepseek_v2")
     config = model.config

@@ -12,8 +12,8 @@ from tiny import save_tiny_model_dir
 import mlxspec
 from mlxspec.api import Speculator
 from mlxspec.loading import load_model
-from mlxspec.prompt_cache import target_points
-from mlxspec.recurrent import is_recurrent, leaf_caches
+from mlxspec.decoding.prompt_cache import target_points
+from mlxspec.cache.recurrent import is_recurrent, leaf_caches
 
 FIRST = [1, 2, 3, 4, 5, 0, 5]
 
@@ -51,8 +51,7 @@ def conversation(spec, turns=3, **options):
 
 def assert_cache_equals_plain(spec):
     """The kept target cache (settled) against mlx-lm feeding the same tokens in one forward."""
-    engine = spec.prompt_cache.engine
-    engine.settle()
+    engine = spec.prompt_cache.latest  # kept settled: the cache holds history[:position]
     fed = engine.history[: engine.position]
     model = spec.target.model
     plain = make_prompt_cache(model)
@@ -139,7 +138,7 @@ def test_other_drafting_options_keep_the_target_cache_and_other_cache_shapes_sta
 def test_a_run_that_fails_mid_step_leaves_nothing_to_reuse(tiny_dirs, monkeypatch):
     spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3, prompt_cache=1)
     first = spec.generate(FIRST, max_tokens=6)
-    drafter = spec.prompt_cache.engine.drafter
+    drafter = spec.prompt_cache.latest.drafter
     monkeypatch.setattr(drafter, "propose", lambda *a: (_ for _ in ()).throw(MemoryError("out of memory")))
     prompt = FIRST + first.tokens + [1]
     with pytest.raises(MemoryError):
@@ -177,7 +176,7 @@ def test_a_sliding_window_that_dropped_the_prefix_recomputes(tmp_path):
     spec = mlxspec.load(target_dir, draft=target_dir, num_draft=3, prompt_cache=1)
     long_prompt = [(i * 5 + i // 7) % 7 for i in range(300)]
     spec.generate(long_prompt, max_tokens=4)
-    kept = [c for c in leaf_caches(spec.prompt_cache.engine.cache) if getattr(c, "start", 0) > 0]
+    kept = [c for c in leaf_caches(spec.prompt_cache.latest.cache) if getattr(c, "start", 0) > 0]
     assert kept, "the window cache has dropped entries"
     edited = long_prompt[:100] + [6, 6, 6]
     result = spec.generate(edited, max_tokens=8, stop_at_eos=False)

@@ -16,11 +16,12 @@ from test_engine_exactness import exact_joint
 from tiny import make_tiny, save_tiny_model_dir
 
 import mlxspec
-import mlxspec.engine as engine_module
-from mlxspec.drafters import DraftModelDrafter
-from mlxspec.engine import SpeculativeEngine
-from mlxspec.recurrent import leaf_caches
-from mlxspec.sampling import SamplingConfig
+import mlxspec.decoding.engine as engine_module
+from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.decoding.assembly import build_engine
+from mlxspec.cache.recurrent import leaf_caches
+from mlxspec.decoding.sampling import SamplingConfig
+from mlxspec.options import DecodeOptions
 
 HYBRID = "qwen3_5"
 PROMPTS = [[1, 2, 3, 4], [5, 0, 5, 0, 5, 0, 2], [7, 3]]
@@ -89,7 +90,7 @@ def test_one_host_sync_per_step_with_replay_fed_alone(monkeypatch):
     target, draft = make_tiny(HYBRID, seed=0), make_tiny(HYBRID, seed=1)
     sampling = SamplingConfig(0.8, top_p=0.9)
     drafter = DraftModelDrafter(draft, sampling, 4)
-    engine = SpeculativeEngine(target, drafter, sampling, num_draft=4, seed=0, max_merged_replay=0)
+    engine = build_engine(target, drafter, DecodeOptions.sampling_as(sampling, num_draft=4), max_merged_replay=0)
     engine.prefill(PROMPTS[0])
     syncs = []
     original_to_host = engine_module.to_host
@@ -106,7 +107,7 @@ def test_replay_is_exact_fed_alone_or_merged_and_widths_stay_bounded(max_merged_
     target, draft = make_tiny(HYBRID, seed=0), make_tiny(HYBRID, seed=1)
     for prompt in PROMPTS:
         drafter = DraftModelDrafter(draft, SamplingConfig(), 4)
-        engine = SpeculativeEngine(target, drafter, SamplingConfig(), num_draft=4, max_merged_replay=max_merged_replay)
+        engine = build_engine(target, drafter, DecodeOptions(num_draft=4), max_merged_replay=max_merged_replay)
         engine.prefill(prompt)
         out = []
         while len(out) < 30:

@@ -10,8 +10,9 @@ from helpers import speculative_tokens
 from stats import ALPHA, chi_square_pvalue
 from tiny import make_tiny
 
-from mlxspec import sampling, verify_kernel
-from mlxspec.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
+from mlxspec.decoding import sampling
+from mlxspec.kernels import verify as verify_kernel
+from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
 
 CONFIGS = {
     "top-p": SamplingConfig(0.7, top_p=0.9),

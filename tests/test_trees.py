@@ -9,11 +9,11 @@ from stats import ALPHA, chi_square_pvalue
 from test_engine_exactness import PROMPTS, exact_joint
 from tiny import FAMILIES, make_tiny
 
-from mlxspec.caches import make_speculative_cache
-from mlxspec.drafters import PromptLookupDrafter
-from mlxspec.sampling import SamplingConfig
-from mlxspec.tree_attention import keep_tree_path, tree_verification
-from mlxspec.trees import TreeShape, accept_tree, ancestor_mask, continuation_tree
+from mlxspec.cache.rollback import make_speculative_cache
+from mlxspec.drafting.lookup import PromptLookupDrafter
+from mlxspec.decoding.sampling import SamplingConfig
+from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
+from mlxspec.decoding.trees import TreeShape, accept_tree, ancestor_mask, continuation_tree
 
 # root; two children; a grandchild under each
 SHAPE = TreeShape((-1, 0, 0, 1, 2))
@@ -207,7 +207,7 @@ def test_tree_and_medusa_samples_follow_the_target_on_every_family(family):
     chi-square tested against the enumerated law (false alarm 1e-3 each). The llama tests above add power checks."""
     from test_medusa import random_heads
 
-    from mlxspec.medusa import MedusaDrafter
+    from mlxspec.drafting.medusa import MedusaDrafter
 
     target = make_tiny(family, seed=0, logit_scale=3.0)
     draft = make_tiny(family, seed=5, logit_scale=3.0)
@@ -222,7 +222,7 @@ def test_tree_and_medusa_samples_follow_the_target_on_every_family(family):
 def test_a_tree_pass_leaves_the_model_and_its_caches_unpatched():
     """The per-token RoPE wrappers and the tree masks exist only during the pass: afterwards the model is the one
     mlx-lm built, so plain decoding (and mlx-lm's own baseline in bench) runs on the unwrapped model."""
-    from mlxspec.tree_attention import PerTokenRoPE
+    from mlxspec.decoding.tree_attention import PerTokenRoPE
 
     model = make_tiny("llama")
     cache = make_speculative_cache(model, max_rollback=8)
@@ -252,7 +252,7 @@ def test_chains_are_recognised_as_chains_and_trees_are_not():
 
 
 def test_rank_paths_get_their_prefixes_as_parents():
-    from mlxspec.trees import caterpillar_parents, rank_paths_parents
+    from mlxspec.decoding.trees import caterpillar_parents, rank_paths_parents
 
     paths = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
     assert rank_paths_parents(paths) == (-1, 0, 0, 1, 1, 2, 3)

@@ -5,7 +5,7 @@ import shutil
 import warnings
 
 import mlxspec.api as api
-from mlxspec.generate_command import cached_drafts_with_tokenizer
+from mlxspec.cli.generate import cached_drafts_with_tokenizer
 from mlxspec.progress import Progress
 
 

@@ -13,7 +13,7 @@ from helpers import assert_greedy_equal, mlx_lm_greedy, speculative_tokens
 from mlx.utils import tree_flatten
 from tiny import make_tiny
 
-from mlxspec import verify_kernel
+from mlxspec.kernels import verify as verify_kernel
 from mlxspec.errors import UserError
 
 BACKEND, WHY = verify_kernel.cpu_backend()
@@ -127,17 +127,20 @@ def layer_types(model: nn.Module) -> list[type]:
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])  # untied LM head; tied embedding as the LM head
-def test_routing_swaps_layers_for_one_block_and_keeps_the_logits(family):
+def test_the_routed_view_keeps_the_logits_shares_the_weights_and_leaves_the_model_alone(family):
     model = make_tiny(family, seed=1, vocab_size=32)
     tokens = mx.array([[1, 5, 9, 3, 7]])
     before_types, before_logits = layer_types(model), model(tokens)
     weights = {id(v) for _, v in tree_flatten(model.parameters())}
-    with verify_kernel.routed(model, BACKEND) as count:
-        inside = layer_types(model)
-        assert count == sum(t in (verify_kernel.VerifyLinear, verify_kernel.VerifyEmbedding) for t in inside) > 0
-        assert_close(model(tokens), before_logits, mx.float32)
-    assert layer_types(model) == before_types  # put back on exit
-    assert {id(v) for _, v in tree_flatten(model.parameters())} == weights  # shared, never copied
+    view = verify_kernel.routed_view(model, BACKEND)
+    routed = layer_types(view)
+    count = verify_kernel.count_routed(view)
+    assert count == sum(t in (verify_kernel.VerifyLinear, verify_kernel.VerifyEmbedding) for t in routed) > 0
+    assert_close(view(tokens), before_logits, mx.float32)
+    assert layer_types(model) == before_types  # the model itself is never changed
+    assert {id(v) for _, v in tree_flatten(view.parameters())} == weights  # shared, never copied
+    assert verify_kernel.routed_view(model, BACKEND) is view  # built once per model
+    assert verify_kernel.routed_view(model, None) is model
 
 
 def test_routing_a_quantized_model_calls_the_quantized_kernel():
@@ -145,9 +148,9 @@ def test_routing_a_quantized_model_calls_the_quantized_kernel():
     nn.quantize(model, group_size=32, bits=4)
     tokens = mx.array([[1, 5, 9]])
     expected = model(tokens)
-    with verify_kernel.routed(model, BACKEND):
-        assert any(isinstance(m, verify_kernel.VerifyQuantizedLinear) for _, m in model.named_modules())
-        assert_close(model(tokens), expected, mx.float32)
+    view = verify_kernel.routed_view(model, BACKEND)
+    assert any(isinstance(m, verify_kernel.VerifyQuantizedLinear) for _, m in view.named_modules())
+    assert_close(view(tokens), expected, mx.float32)
 
 
 def test_more_rows_than_the_kernel_takes_use_mlx_matmul_unchanged():

@@ -6,7 +6,7 @@ from helpers import mlx_lm_greedy
 from tiny import make_tiny
 
 from mlxspec import UserError
-from mlxspec.widen import WidenSpec, widen
+from mlxspec.bench.widen import WidenSpec, widen
 
 
 def test_a_widened_tiny_llama_has_the_same_logits_and_greedy_tokens():

@@ -1,0 +1,290 @@
+"""`mlxspec bench`: every decoding mode over the same prompts in one process, against mlx-lm's own paths."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step, speculative_generate_step
+from mlx_lm.sample_utils import make_sampler
+
+from mlxspec.drafting.corpus import read_text, split_files
+from mlxspec.loading import LoadedModel
+
+
+@dataclass
+class Run:
+    tokens: int
+    seconds: float
+    target_calls: int
+    drafted: int = 0
+    accepted: int = 0
+    peak_memory_bytes: int = 0
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    tokens_per_second: float  # median over repeats of (all tokens / all seconds)
+    tokens_per_second_min: float
+    tokens_per_second_max: float
+    acceptance_rate: float
+    tokens_per_target_call: float
+    target_calls_per_token: float
+    peak_memory_bytes: int
+    speedup: float = 0.0  # against the first mode, mlx-lm's plain decoding
+    speedup_vs_own_plain: float = 0.0  # against mlxspec's own plain decoding (speculation's share of the gain)
+    runs: list[dict] = field(default_factory=list)
+
+
+RunFn = Callable[[list[int], int, float, float, int], Run]
+# A mlxspec.speculator.Speculator, built by the command line: bench sits below the API and imports none of it.
+Speculator = Any
+
+
+def widened_target(target: LoadedModel, spec) -> LoadedModel:
+    """The target widened in memory (widen.py); its name keys its own cost curve."""
+    from mlxspec.bench.widen import widen
+
+    model, config = widen(target.model, target.config, spec)
+    return LoadedModel(
+        model, target.tokenizer, config, target.path.parent / f"{target.path.name}-widened-{spec.layers}x{spec.width}"
+    )
+
+
+def parameter_count(target: LoadedModel) -> str:
+    from mlx.utils import tree_flatten
+
+    return f"{sum(v.size for _, v in tree_flatten(target.model.parameters())) / 1e6:.1f}M parameters"
+
+
+def heldout_prompts(tokenizer, num_prompts: int = 8, prompt_tokens: int = 128) -> list[list[int]]:
+    """Token-level prefixes of held-out stdlib files: they end on a real token boundary, as in training."""
+    _, heldout = split_files()
+    prompts = []
+    for path in heldout:
+        text = read_text(path)
+        if not text:
+            continue
+        ids = tokenizer.encode(text)
+        if len(ids) >= prompt_tokens + 64:
+            prompts.append(ids[:prompt_tokens])
+        if len(prompts) == num_prompts:
+            break
+    return prompts
+
+
+def mlx_lm_plain(model) -> RunFn:
+    def run(prompt, max_tokens, temperature, top_p, seed):
+        mx.random.seed(seed)
+        sampler = make_sampler(temperature, top_p if top_p < 1 else 0.0)
+        mx.reset_peak_memory()
+        start = time.perf_counter()
+        count = 0
+        for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, sampler=sampler):
+            count += 1
+        return Run(count, time.perf_counter() - start, count, peak_memory_bytes=mx.get_peak_memory())
+
+    return run
+
+
+def mlx_lm_speculative(model, draft_model, num_draft: int) -> RunFn:
+    def run(prompt, max_tokens, temperature, top_p, seed):
+        mx.random.seed(seed)
+        sampler = make_sampler(temperature, top_p if top_p < 1 else 0.0)
+        mx.reset_peak_memory()
+        start = time.perf_counter()
+        count = accepted = target_calls = drafted = 0
+        step_starts = True
+        for _, _, from_draft in speculative_generate_step(
+            mx.array(prompt), model, draft_model, sampler=sampler, num_draft_tokens=num_draft, max_tokens=max_tokens
+        ):
+            if step_starts:  # each step drafts min(num_draft, tokens left), then calls the target once
+                drafted += min(num_draft, max_tokens - count)
+                target_calls += 1
+            count += 1
+            accepted += bool(from_draft)
+            step_starts = not from_draft
+        seconds = time.perf_counter() - start
+        return Run(count, seconds, target_calls, drafted, accepted, mx.get_peak_memory())
+
+    return run
+
+
+def mlxspec_mode(speculator: Speculator, **options) -> RunFn:
+    def run(prompt, max_tokens, temperature, top_p, seed):
+        result = speculator.generate(
+            prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_at_eos=False, **options
+        )
+        s = result.stats
+        return Run(
+            s.generated_tokens,
+            s.prompt_seconds + s.generation_seconds,
+            s.target_calls,
+            s.drafted,
+            s.accepted,
+            s.peak_memory_bytes,
+        )
+
+    return run
+
+
+def run_modes(
+    modes: dict[str, RunFn],
+    prompts: list[list[int]],
+    max_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    repeats: int = 3,
+    seed: int = 0,
+    progress: Callable[[str], None] = lambda s: None,
+) -> list[ModeResult]:
+    """Warm every mode up, then time `repeats` passes; each pass runs every mode over all prompts in turn.
+
+    Interleaving matters on a shared machine, whose speed drifts by 10-20% over minutes: drift then hits every
+    mode alike. The first mode is the baseline; speedup is the median over passes of the within-pass ratio.
+    """
+    for fn in modes.values():
+        fn(prompts[0], 8, temperature, top_p, seed)  # warm-up: compile kernels, allocate caches
+    passes: dict[str, list[list[Run]]] = {name: [] for name in modes}
+    for r in range(repeats):
+        for name, fn in modes.items():
+            passes[name].append(
+                [fn(p, max_tokens, temperature, top_p, seed + 1000 * r + i) for i, p in enumerate(prompts)]
+            )
+        progress(f"pass {r + 1}/{repeats}")
+    rates = {
+        name: [sum(x.tokens for x in runs) / sum(x.seconds for x in runs) for runs in mode_passes]
+        for name, mode_passes in passes.items()
+    }
+    base_rates = next(iter(rates.values()))
+    own_rates = rates.get("mlxspec no-draft")
+    results = []
+    for name, mode_passes in passes.items():
+        every = [x for runs in mode_passes for x in runs]
+        tokens, calls = sum(x.tokens for x in every), sum(x.target_calls for x in every)
+        drafted, accepted = sum(x.drafted for x in every), sum(x.accepted for x in every)
+        results.append(
+            ModeResult(
+                mode=name,
+                tokens_per_second=statistics.median(rates[name]),
+                tokens_per_second_min=min(rates[name]),
+                tokens_per_second_max=max(rates[name]),
+                acceptance_rate=accepted / drafted if drafted else 0.0,
+                tokens_per_target_call=tokens / calls if calls else 0.0,
+                target_calls_per_token=calls / tokens if tokens else 0.0,
+                peak_memory_bytes=max(x.peak_memory_bytes for x in every),
+                speedup=statistics.median(rate / base for rate, base in zip(rates[name], base_rates)),
+                speedup_vs_own_plain=statistics.median(r / o for r, o in zip(rates[name], own_rates))
+                if own_rates
+                else 0.0,
+                runs=[asdict(x) for x in every],
+            )
+        )
+    return results
+
+
+def format_table(results: list[ModeResult]) -> str:
+    header = (
+        f"{'mode':28s} {'tok/s':>8s} {'(min-max)':>15s} {'speedup':>8s} {'vs own':>7s} {'alpha':>6s} {'tau':>5s} "
+        f"{'calls/tok':>9s} {'peak MiB':>8s}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        spread = f"({r.tokens_per_second_min:.1f}-{r.tokens_per_second_max:.1f})"
+        lines.append(
+            f"{r.mode:28s} {r.tokens_per_second:8.1f} {spread:>15s} "
+            f"{r.speedup:7.2f}x {r.speedup_vs_own_plain:6.2f}x "
+            f"{r.acceptance_rate:6.2f} {r.tokens_per_target_call:5.2f} "
+            f"{r.target_calls_per_token:9.2f} {r.peak_memory_bytes / 2**20:8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def build_modes(
+    speculator: Speculator,
+    ks: tuple[int, ...],
+    families: set[str],
+    medusa: Speculator | None = None,
+    tree_topk: int = 2,
+    tree_depth: int = 4,
+    eagle: Speculator | None = None,
+) -> dict[str, RunFn]:
+    """Every mode worth comparing, first the baseline (mlx-lm's plain decoding with the same target). `medusa` and
+    `eagle`: the same target with Medusa heads or a feature head (EAGLE or MTP) as its drafter."""
+    target = speculator.target.model
+    draft = speculator.draft.model if speculator.draft is not None else None
+    modes: dict[str, RunFn] = {"mlx-lm plain": mlx_lm_plain(target)}
+    if draft is not None and "mlx-lm" in families:
+        for k in ks:
+            modes[f"mlx-lm speculative k={k}"] = mlx_lm_speculative(target, draft, k)
+    if "plain" in families:
+        modes["mlxspec no-draft"] = mlxspec_mode(speculator, use_draft=False)
+        if speculator.options.kernel != "off":
+            modes["mlxspec no-draft, kernel off"] = mlxspec_mode(speculator, use_draft=False, kernel="off")
+    if draft is not None and "draft" in families:
+        for k in ks:
+            modes[f"mlxspec draft k={k}"] = mlxspec_mode(speculator, num_draft=k)
+    if draft is not None and "adaptive" in families:
+        modes["mlxspec draft adaptive"] = mlxspec_mode(speculator, num_draft="auto")
+    if draft is not None and "tree" in families:
+        modes[f"mlxspec draft tree {tree_depth}x{tree_topk}"] = mlxspec_mode(
+            speculator, num_draft=tree_depth, tree_topk=tree_topk
+        )
+    if "lookup" in families:
+        for k in (4, 8):
+            modes[f"mlxspec lookup k={k}"] = mlxspec_mode(speculator, use_draft=False, lookup=True, num_draft=k)
+        modes["mlxspec lookup k=8 no corpus"] = mlxspec_mode(
+            speculator, use_draft=False, lookup=True, num_draft=8, corpus_fallback=False
+        )
+        modes["mlxspec lookup tree 3x8"] = mlxspec_mode(
+            speculator, use_draft=False, lookup=True, num_draft=8, lookup_candidates=3
+        )
+        if draft is not None:
+            modes["mlxspec lookup+draft k=4"] = mlxspec_mode(speculator, lookup=True, num_draft=4)
+    if medusa is not None and "medusa" in families:
+        heads = medusa.medusa.config.num_heads
+        modes["mlxspec medusa chain"] = mlxspec_mode(medusa, num_draft=heads)
+        modes[f"mlxspec medusa tree {2 * heads}n"] = mlxspec_mode(medusa, num_draft=heads, tree_topk=2)
+    if eagle is not None and "eagle" in families:  # an EAGLE head or a native MTP head
+        name = "eagle" if eagle.feature_head.config.kind == "eagle" else "mtp"
+        for k in ks:
+            modes[f"mlxspec {name} k={k}"] = mlxspec_mode(eagle, num_draft=k)
+        for nodes, beam in EAGLE_TREES:
+            modes[f"mlxspec {name} tree {nodes}n beam {beam}"] = mlxspec_mode(
+                eagle, num_draft=nodes // beam, tree_topk=beam, tree_nodes=nodes
+            )
+    return modes
+
+
+EAGLE_TREES = ((8, 2), (16, 4))  # (node budget, beam) of the EAGLE-2 dynamic trees bench compares
+
+
+def profile_split(
+    speculator: Speculator, prompts: list[list[int]], max_tokens: int, num_draft: int, temperature: float
+) -> dict[str, float]:
+    """Seconds per step spent drafting, verifying, accepting and on bookkeeping (profiling adds syncs)."""
+    from mlxspec.decoding.assembly import build_engine
+    from mlxspec.drafting.factory import make_drafter
+    from mlxspec.kernels import verify as verify_kernel
+    from mlxspec.options import DecodeOptions
+
+    options = DecodeOptions(temperature=temperature, num_draft=num_draft, kernel=speculator.options.kernel)
+    totals: dict[str, float] = {}
+    steps = 0
+    backend, _ = verify_kernel.resolve(options.kernel)
+    for prompt in prompts:
+        drafter = make_drafter(options, draft_model=speculator.draft.model)
+        target = verify_kernel.routed_view(speculator.target.model, backend)  # as generation runs it
+        engine = build_engine(target, drafter, options)
+        engine.prefill(prompt)
+        engine.profile = totals
+        produced = 0
+        while produced < max_tokens:
+            produced += len(engine.step(max_tokens - produced).tokens)
+            steps += 1
+    return {phase: seconds / steps for phase, seconds in totals.items()}

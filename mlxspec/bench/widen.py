@@ -1,0 +1,132 @@
+"""Function-preserving widening: the bench bed where a target forward is bandwidth-bound, as real targets are.
+
+The embedded target (11M parameters) is dispatch-bound: its forward pass is mostly per-op overhead, so it says
+nothing about speculation on a real model. Widening it keeps its function exactly (the same logits, up to float
+rounding) while giving it the weight traffic of a bigger model:
+
+- hidden channels, attention heads (query and key/value alike, so grouping is kept) and MLP units are zero-padded;
+- RMSNorm over W channels of which d are live divides by sqrt(d/W) times the original norm, so norm weights are
+  scaled by sqrt(d/W) and eps by d/W;
+- extra layers with random weights but zero output projections (o_proj, down_proj) add nothing to the residual.
+
+Llama-family models only (the embedded target is one). Nothing large is written unless asked (scripts/widen_model.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from mlxspec.errors import UserError
+
+WIDENABLE = ("llama", "mistral")
+
+
+@dataclass(frozen=True)
+class WidenSpec:
+    layers: int
+    width: int
+
+    @classmethod
+    def parse(cls, text: str) -> WidenSpec:
+        """'24x768' -> 24 layers of width 768."""
+        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
+        if not match or min(int(match.group(1)), int(match.group(2))) < 1:
+            raise UserError(f"--widen {text!r} is not LAYERSxWIDTH; write it like 24x768")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+
+def widened_config(config: dict, spec: WidenSpec) -> dict:
+    """The config of the widened model, refusing shapes that cannot hold the original's function."""
+    if config.get("model_type") not in WIDENABLE:
+        raise UserError(f"--widen supports {', '.join(WIDENABLE)} models, not {config.get('model_type')!r}")
+    d, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or d // heads
+    group = heads // kv_heads
+    new_heads = spec.width * heads // d
+    if "quantization" in config:
+        raise UserError("--widen needs a float model; widen the float target, then quantize the result")
+    if spec.width < d or spec.layers < layers or spec.width * heads % d or new_heads % group:
+        raise UserError(
+            f"--widen {spec.layers}x{spec.width} cannot hold a {layers}x{d} model with {heads} heads in groups of "
+            f"{group}: use at least {layers} layers and a width of at least {d}, a multiple of {head_dim * group}"
+        )
+    scale = spec.width / d
+    return {
+        **config,
+        "hidden_size": spec.width,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": new_heads,
+        "num_key_value_heads": new_heads // group,
+        "head_dim": head_dim,
+        "intermediate_size": round(config["intermediate_size"] * scale),
+        "rms_norm_eps": config.get("rms_norm_eps", 1e-6) / scale,
+    }
+
+
+def _pad(array: mx.array, shape: tuple[int, ...]) -> mx.array:
+    """array in the leading corner of zeros of `shape`."""
+    return mx.pad(array, [(0, n - o) for o, n in zip(array.shape, shape)])
+
+
+def widen(model: nn.Module, config: dict, spec: WidenSpec, seed: int = 0) -> tuple[nn.Module, dict]:
+    """(the widened mlx-lm model, its config): the same function as `model` at the memory traffic of the new size."""
+    from mlx_lm.utils import _get_classes
+
+    new_config = widened_config(config, spec)
+    model_class, args_class = _get_classes(new_config)
+    wide = model_class(args_class.from_dict(new_config))
+    norm_scale = math.sqrt(config["hidden_size"] / spec.width)
+    old = dict(tree_flatten(model.parameters()))
+    new = dict(tree_flatten(wide.parameters()))
+    mx.random.seed(seed)
+    out = {}
+    for name, param in new.items():
+        if name in old:
+            source = old[name]
+            if name.endswith("norm.weight"):
+                source = source * norm_scale
+            out[name] = _pad(source.astype(param.dtype), param.shape)
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            out[name] = mx.zeros(param.shape, param.dtype)  # an extra layer adds nothing to the residual
+        elif name.endswith("norm.weight"):
+            out[name] = mx.ones(param.shape, param.dtype)
+        else:  # an extra layer's other weights: random, so they cost what real weights cost
+            out[name] = (0.02 * mx.random.normal(param.shape)).astype(param.dtype)
+    wide.update(tree_unflatten(list(out.items())))
+    mx.eval(wide.parameters())
+    return wide, new_config
+
+
+def widen_head(head, spec: WidenSpec):
+    """An EAGLE head of the widened target with the same function: the widened target's features are the original
+    ones zero-padded, so fc reads the live channels of [embedding ; feature] and writes the live channels; the block
+    is widened as the target's layers are."""
+    from mlxspec.drafting.feature_head import FeatureHead, FeatureHeadConfig
+
+    d = head.config.hidden_size
+    block_config = widened_config({**head.config.block_config, "num_hidden_layers": 1}, WidenSpec(1, spec.width))
+    config = FeatureHeadConfig(**{**head.config.__dict__, "block_config": block_config})
+    config.norm_eps = head.config.norm_eps * d / spec.width
+    wide = FeatureHead(config)
+    norm_scale = math.sqrt(d / spec.width)
+    new = dict(tree_flatten(wide.parameters()))
+    out = {}
+    for name, source in tree_flatten(head.parameters()):
+        if name == "fc.weight":  # [d, 2d] -> [W, 2W]: the embedding half, then the feature half
+            wide_fc = mx.zeros(new[name].shape, source.dtype)
+            wide_fc[:d, :d] = source[:, :d]
+            wide_fc[:d, spec.width : spec.width + d] = source[:, d:]
+            out[name] = wide_fc
+        else:
+            scaled = source * norm_scale if name.endswith("norm.weight") else source
+            out[name] = _pad(scaled, new[name].shape)
+    wide.update(tree_unflatten(list(out.items())))
+    mx.eval(wide.parameters())
+    return wide

@@ -1,0 +1,1 @@
+"""Caches that roll back: trimmed attention caches and snapshotted recurrent layers."""

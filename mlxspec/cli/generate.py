@@ -1,0 +1,247 @@
+"""`mlxspec generate` behind its click options: refuse contradictions, build DecodeOptions, plan against a memory
+budget, load, and print text, JSON or stats."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from mlxspec.cli.options import MODEL_OPTIONS, SAMPLING_OPTIONS, with_options
+from mlxspec.errors import UserError
+from mlxspec.options import DecodeOptions
+from mlxspec.plan.rank_split import MODES
+
+
+def drafters_given(p: dict) -> list[str]:
+    """The drafters named on the command line, as the flags that named them."""
+    flags = (("--draft", "draft"), ("--medusa", "medusa_path"), ("--eagle", "eagle_path"), ("--mtp", "mtp_source"))
+    return [f"{flag} {p[key]}" if p[key] != "<model>" else flag for flag, key in flags if p.get(key)]
+
+
+def check_contradictions(p: dict) -> None:
+    """Flags that contradict each other, or do nothing without another, are refused instead of ignored."""
+    given = drafters_given(p)
+    if p["no_draft"] and given:
+        raise UserError(f"--no-draft contradicts {given[0]}; pass one of them")
+    if len(given) > 1:
+        raise UserError(f"{given[0].split()[0]} and {given[1].split()[0]} are two drafters; pass one of them")
+    heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source")
+    if p["draft_bits"] and (p["no_draft"] or heads):
+        raise UserError(f"--draft-bits {p['draft_bits']} quantizes a draft model, and this run has none")
+    if p.get("distributed") and p["memory_budget"]:
+        raise UserError(
+            f"--memory-budget plans one machine; for --distributed {p['distributed']} plan each rank with "
+            "`mlxspec plan --ranks N` and drop --memory-budget"
+        )
+    if p["auto"] and not p["memory_budget"]:
+        raise UserError("--auto applies the planner's fix for --memory-budget; pass --memory-budget too (e.g. 8GB)")
+    if p["lookup_candidates"] is not None and not p["lookup"]:
+        raise UserError(f"--lookup-candidates {p['lookup_candidates']} needs --lookup")
+    if p["no_corpus_fallback"] and not p["lookup"]:
+        raise UserError("--no-corpus-fallback needs --lookup")
+
+
+def options_from(p: dict) -> DecodeOptions:
+    return DecodeOptions(
+        max_tokens=p["max_tokens"],
+        stop=list(p["stop"]),
+        temperature=p["temp"],
+        top_p=p["top_p"],
+        top_k=p["top_k"],
+        min_p=p["min_p"],
+        seed=p["seed"],
+        chat=p.get("chat", False),
+        heal=p.get("heal", False),
+        truncate=p.get("truncate", False),
+        num_draft=p["num_draft"] or "auto",
+        tree_topk=p["tree_topk"],
+        tree_nodes=p["tree_nodes"],
+        lookup=p["lookup"],
+        lookup_candidates=p["lookup_candidates"] or 1,
+        corpus_fallback=not p["no_corpus_fallback"],
+        kv_bits=int(p["kv_bits"]) if p["kv_bits"] else None,
+        kernel=p["kernel"],
+        draft_window=p["draft_window"],
+    )
+
+
+def cached_drafts_with_tokenizer(target: Path, limit: int = 3) -> list[str]:
+    """Hub models in the local cache whose tokenizer.json is byte-identical to the target's: candidate drafts."""
+    own = target / "tokenizer.json"
+    if not own.exists():
+        return []
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:
+        return []
+    digest = hashlib.sha256(own.read_bytes()).digest()
+    found = []
+    for path in sorted(Path(HF_HUB_CACHE).glob("models--*/snapshots/*/tokenizer.json")):
+        repo = path.parts[-4].removeprefix("models--").replace("--", "/")
+        if path.resolve() == own.resolve() or repo in found or target.resolve() == path.parent.resolve():
+            continue
+        try:
+            if hashlib.sha256(path.read_bytes()).digest() == digest:
+                found.append(repo)
+        except OSError:
+            continue
+    return found[:limit]
+
+
+def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Callable, prompt_cache: int = 0):
+    """The Speculator the command-line options ask for (generate, chat and serve; each has refused contradictory
+    flags first, with check_contradictions): plan against --memory-budget for prompt_chars + max_tokens, then load."""
+    from mlxspec.api import SlowBLASWarning, load
+    from mlxspec.cli.options import MTP_IN_MODEL
+    from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+    from mlxspec.kernels.verify import KernelMissingWarning
+
+    model, draft = p["model"], p["draft"]
+    heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source")
+    draft_arg = None if (p["no_draft"] or heads) else (draft or "auto")
+    settings = {
+        "quantize_target": int(p["quantize_target"]) if p["quantize_target"] else None,
+        "draft_bits": int(p["draft_bits"]) if p["draft_bits"] else None,
+        "kv_bits": options.kv_bits,
+        "draft_window": options.draft_window,
+    }
+    if p["memory_budget"]:
+        from mlxspec.plan.budget import fit_to_budget
+
+        planned_draft = draft or (str(DEFAULT_DRAFT) if model is None and draft_arg == "auto" else None)
+        settings = fit_to_budget(
+            str(model or DEFAULT_TARGET),
+            planned_draft,
+            p["memory_budget"],
+            prompt_chars,
+            options.max_tokens,
+            options.depth,
+            settings,
+            p["auto"],
+            report=lambda line: echo(line, err=True),
+        )
+    import warnings
+
+    warnings.simplefilter("ignore", SlowBLASWarning)  # the CLI says these its own way, in report()
+    warnings.simplefilter("ignore", KernelMissingWarning)
+    speculator = load(
+        model,
+        draft_arg,
+        num_draft=options.num_draft,
+        medusa=p["medusa_path"],
+        eagle=p.get("eagle_path"),
+        mtp=True if p.get("mtp_source") == MTP_IN_MODEL else p.get("mtp_source"),
+        options=options,
+        prompt_cache=prompt_cache,
+        distributed=p.get("distributed"),
+        **settings,
+    )
+    lookup_by_default = model is not None and draft is None and not p["no_draft"] and not heads and not p["lookup"]
+    if speculator.reports and lookup_by_default:
+        candidates = cached_drafts_with_tokenizer(speculator.target.path)
+        if candidates:
+            echo(
+                "mlxspec: no --draft given, so prompt lookup drafts; cached models with this tokenizer that could "
+                f"serve as --draft: {', '.join(candidates)}",
+                err=True,
+            )
+    return speculator
+
+
+def quiet(*args, **kwargs) -> None:
+    """What ranks other than 0 print: nothing (rank 0 alone prints and reports)."""
+
+
+def run_generate(prompt: str, p: dict, echo: Callable) -> None:
+    check_contradictions(p)
+    options = options_from(p).validate()
+    speculator = load_speculator(p, options, len(prompt), echo)
+    if not speculator.reports:
+        echo = quiet
+    if p["as_json"]:
+        result = speculator.generate(prompt)
+        stats = result.stats
+        echo(
+            json.dumps(
+                {
+                    "tokens": result.tokens,
+                    "text": result.text,
+                    "finish_reason": result.finish_reason,
+                    "seed": stats.seed,
+                    "mode": stats.mode,
+                    "num_draft": stats.num_draft,
+                    "model": str(speculator.target.path),
+                    "draft": str(speculator.draft.path) if speculator.draft is not None else None,
+                    "stats": stats.to_dict(),
+                }
+            )
+        )
+    else:
+        for chunk in speculator.stream(prompt):
+            echo(chunk.text, nl=False)
+        echo()
+        stats = speculator.last_stats
+    report(stats, p["verbose"], echo)
+
+
+def report(stats, verbose: bool, echo: Callable) -> None:
+    """The notes a user must see (truncation, a fallback to plain decoding) and, with -v, the stats line."""
+    from mlxspec.platform import fast_blas_hint
+
+    if stats.prompt_truncated_from:
+        echo(
+            f"mlxspec: --truncate kept the last {stats.prompt_tokens} of {stats.prompt_truncated_from} prompt tokens",
+            err=True,
+        )
+    if stats.kernel.startswith("unavailable"):
+        echo(f"mlxspec: running without the verify kernel: {stats.kernel.removeprefix('unavailable: ')}", err=True)
+    if stats.note:
+        echo(f"mlxspec: {stats.note}", err=True)
+        hint = fast_blas_hint()
+        if hint:
+            echo(hint, err=True)
+    if verbose:
+        echo(stats.line(), err=True)
+
+
+def read_prompt(prompt: str) -> tuple[str, str | None]:
+    """The prompt text ('-' reads stdin as bytes) and a note when invalid UTF-8 had to be replaced."""
+    if prompt == "-":
+        raw = sys.stdin.buffer.read()
+    else:
+        raw = os.fsencode(prompt)  # argv bytes that were not UTF-8 arrive as lone surrogates
+    text = raw.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - raw.decode("utf-8", errors="ignore").count("\ufffd")
+    note = f"the prompt is not valid UTF-8; {bad} invalid byte sequence(s) were replaced with U+FFFD" if bad else None
+    return text, note
+
+
+@click.command()
+@click.argument("prompt")
+@with_options(MODEL_OPTIONS, SAMPLING_OPTIONS)
+@click.option("--chat", is_flag=True, help="Apply the tokenizer's chat template.")
+@click.option("--heal", is_flag=True, help="Token healing: let the first token re-complete the prompt's last one.")
+@click.option(
+    "--truncate", is_flag=True, help="Keep the prompt's last tokens that fit the context instead of refusing."
+)
+@click.option(
+    "--distributed",
+    type=click.Choice(MODES),
+    default=None,
+    help="Under mlx.launch: split the target across the ranks, each layer (tensor) or by layers (pipeline); the "
+    "drafter runs on every rank and rank 0 prints.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
+@click.option("-v", "--verbose", is_flag=True, help="Print what drafted and a stats line to stderr.")
+def generate(prompt: str, **params) -> None:
+    """Continue PROMPT ('-' reads stdin), streaming text as the target accepts it."""
+    text, note = read_prompt(prompt)
+    if note:
+        click.echo(f"mlxspec: {note}", err=True)
+    run_generate(text, params, echo=click.echo)

@@ -1,0 +1,121 @@
+"""Click options shared by `generate`, `chat` and `serve`: the model and its drafter, and the sampling defaults."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+
+from mlxspec.errors import UserError
+
+MTP_IN_MODEL = "<model>"  # --mtp with no value: the head is in the model's own files
+
+
+def num_draft_option(ctx, param, value):
+    if value is None:
+        return None
+    from mlxspec.options import parse_num_draft
+
+    try:
+        return parse_num_draft(value)
+    except UserError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+MODEL_OPTIONS = [
+    click.option(
+        "--model", default=None, help="Target: an mlx-lm model directory or HF repo id [default: embedded target]."
+    ),
+    click.option(
+        "--draft",
+        default=None,
+        help="Draft model directory or repo id [default: the embedded draft with the embedded target; prompt lookup "
+        "with any other target].",
+    ),
+    click.option("--no-draft", is_flag=True, help="Plain decoding through the same code (no drafter at all)."),
+    click.option(
+        "-k",
+        "--num-draft",
+        default=None,
+        callback=num_draft_option,
+        help="Tokens drafted per step, 1-64, or 'auto' [default: auto, adapted to acceptance and measured cost].",
+    ),
+    click.option("--quantize-target", type=click.Choice(["4", "8"]), default=None, help="Quantize the target on load."),
+    click.option("--draft-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the draft model on load."),
+    click.option("--kv-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize both KV caches."),
+    click.option(
+        "--kernel",
+        type=click.Choice(["auto", "on", "off"]),
+        default="auto",
+        show_default=True,
+        help="The verify kernel (reads each weight once for all verified tokens): auto uses it where built for the "
+        "device.",
+    ),
+    click.option(
+        "--draft-window", type=click.IntRange(min=1), default=None, help="Cap the draft's KV cache at this many tokens."
+    ),
+    click.option(
+        "--tree-topk",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="Draft a tree: the top-k alternatives at every depth.",
+    ),
+    click.option(
+        "--tree-nodes",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Node budget of the tree (sets its depth, at most 64).",
+    ),
+    click.option("--lookup", is_flag=True, help="Draft by prompt lookup; the draft model covers what does not repeat."),
+    click.option(
+        "--lookup-candidates",
+        type=click.IntRange(min=1),
+        default=None,
+        help="With --lookup: verify this many distinct continuations as one tree [default: 1, a chain].",
+    ),
+    click.option(
+        "--no-corpus-fallback", is_flag=True, help="With --lookup: no stdlib bigram guess where nothing repeats."
+    ),
+    click.option("--medusa", "medusa_path", default=None, help="Draft with Medusa heads (a train-medusa directory)."),
+    click.option(
+        "--eagle", "eagle_path", default=None, help="Draft with an EAGLE head (a train-heads --kind eagle directory)."
+    ),
+    click.option(
+        "--mtp",
+        "mtp_source",
+        is_flag=False,
+        flag_value=MTP_IN_MODEL,
+        default=None,
+        help="Draft with the model's native MTP head: alone, from its own files; or from PATH_OR_REPO of the original "
+        "checkpoint (mlx_lm.convert drops MTP tensors).",
+    ),
+    click.option("--memory-budget", default=None, help="Plan first (e.g. 8GB) and refuse settings that cannot fit."),
+    click.option("--auto", is_flag=True, help="With --memory-budget: apply the planner's top fix instead of refusing."),
+]
+
+SAMPLING_OPTIONS = [
+    click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True),
+    click.option("--temp", type=float, default=0.0, show_default=True, help="0 is greedy."),
+    click.option("--top-p", type=float, default=1.0, show_default=True),
+    click.option("--top-k", type=int, default=0, show_default=True),
+    click.option("--min-p", type=float, default=0.0, show_default=True),
+    click.option(
+        "--seed",
+        type=click.IntRange(0, 2**64 - 1),
+        default=None,
+        help="Random seed [default: random, printed by -v and --json].",
+    ),
+    click.option("--stop", multiple=True, help="Stop when this string appears (repeatable)."),
+]
+
+
+def with_options(*groups: list[Callable]) -> Callable:
+    """Apply option groups in the order listed (click shows them in that order in --help)."""
+
+    def apply(command: Callable) -> Callable:
+        for option in reversed([o for group in groups for o in group]):
+            command = option(command)
+        return command
+
+    return apply

@@ -1,0 +1,103 @@
+"""`mlxspec train-heads --kind medusa|eagle` (and `train-medusa`, its Medusa spelling): train draft heads on a frozen
+target. Both kinds checkpoint every 50-100 steps, resume from --out, and record the base model's fingerprint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+COMMON = [
+    click.option("--model", default=None, help="Frozen target [default: embedded target]."),
+    click.option("--out", "out_dir", required=True, help="Output directory (resumes from its checkpoint)."),
+    click.option("--steps", type=click.IntRange(min=1), default=None, help="[default: 400 medusa, 2000 eagle]"),
+    click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True),
+    click.option("--seq-len", type=click.IntRange(min=1), default=256, show_default=True),
+    click.option("--lr", type=float, default=1e-3, show_default=True),
+    click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True),
+]
+
+
+def data_option(default: str):
+    return click.option(
+        "--data",
+        type=click.Choice(["corpus", "self-distill"]),
+        default=default,
+        show_default=True,
+        help="Stdlib text, or the target's own greedy continuations of it.",
+    )
+
+
+def common_options(function):
+    for option in reversed(COMMON):
+        function = option(function)
+    return function
+
+
+@click.command("train-heads")
+@click.option("--kind", type=click.Choice(["medusa", "eagle"]), required=True, help="Which heads to train.")
+@common_options
+@data_option("self-distill")
+@click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True, help="Medusa: how many heads.")
+@click.option("--full-lm-heads", is_flag=True, help="Medusa: give each head its own LM head (more memory).")
+@click.option("--unroll", type=click.IntRange(1, 6), default=2, show_default=True, help="EAGLE: depths per step.")
+@click.option("--distill-sequences", type=click.IntRange(min=1), default=1024, show_default=True)
+def train_heads(kind, **params) -> None:
+    """Train Medusa heads or an EAGLE head on a frozen target."""
+    if kind == "medusa":
+        _train_medusa(**params)
+        return
+    from mlxspec.train.eagle import EagleTrainConfig, train_eagle
+    from mlxspec.drafting.feature_head import CONFIG_FILE
+    from mlxspec.loading import DEFAULT_TARGET, load_model
+    from mlxspec.train.medusa import prepare_out_dir
+
+    config = EagleTrainConfig(
+        steps=params["steps"] or 2000,
+        batch_size=params["batch_size"],
+        seq_len=params["seq_len"],
+        lr=params["lr"],
+        seed=params["seed"],
+        unroll=params["unroll"],
+        data=params["data"],
+        distill_sequences=params["distill_sequences"],
+    )
+    config.validate()
+    prepare_out_dir(Path(params["out_dir"]), CONFIG_FILE)
+    target = load_model(params["model"] or DEFAULT_TARGET)
+    config.validate(target.context_length)
+    train_eagle(target, Path(params["out_dir"]), config, log=lambda line: click.echo(line, err=True))
+    click.echo(f"saved the EAGLE head to {params['out_dir']}")
+
+
+@click.command("train-medusa")
+@common_options
+@click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True)
+@data_option("corpus")
+@click.option("--full-lm-heads", is_flag=True, help="Give each head its own LM head (more memory).")
+def train_medusa(**params) -> None:
+    """Train Medusa heads on a frozen target (the same as train-heads --kind medusa)."""
+    _train_medusa(**params)
+
+
+def _train_medusa(model, out_dir, steps, batch_size, seq_len, lr, seed, data, heads, full_lm_heads, **_) -> None:
+    from mlxspec.loading import DEFAULT_TARGET, load_model
+    from mlxspec.train.medusa import MedusaTrainConfig, prepare_out_dir
+    from mlxspec.train.medusa import train_medusa as run
+
+    config = MedusaTrainConfig(
+        num_heads=heads,
+        steps=steps or 400,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        seed=seed,
+        data=data,
+        shared_lm_head=not full_lm_heads,
+    )
+    config.validate()
+    prepare_out_dir(Path(out_dir))
+    target = load_model(model or DEFAULT_TARGET)
+    config.validate(target.context_length)
+    run(target, Path(out_dir), config, log=lambda line: click.echo(line, err=True))
+    click.echo(f"saved Medusa heads to {out_dir}")

@@ -1,0 +1,1 @@
+"""The core: the speculative step (draft, verify in one target forward, accept, roll back) and its math. Imports no wing."""

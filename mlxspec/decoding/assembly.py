@@ -1,0 +1,52 @@
+"""build_engine: the one place a SpeculativeEngine is assembled from a target, a drafter and DecodeOptions.
+
+The Speculator, bench, the tests and the scripts all call it, so a new engine setting is wired once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxspec.decoding.draft import Drafter
+from mlxspec.decoding.engine import Ranks, SpeculativeEngine
+from mlxspec.options import DecodeOptions
+
+
+def build_engine(
+    target: nn.Module,
+    drafter: Drafter | None,
+    options: DecodeOptions,
+    *,
+    seed: int | None = None,
+    context_length: int | None = None,
+    controller: Any = None,
+    cache: list | None = None,
+    ranks: Ranks | None = None,
+    first_token_mask: mx.array | None = None,
+    **settings: Any,
+) -> SpeculativeEngine:
+    """An engine decoding `target` with `drafter` (None: plainly) as `options` say: their sampling, draft depth,
+    node budget and KV bits. `seed` overrides options.seed (a drawn random seed); `cache` continues a kept target
+    cache (prompt_cache.py); `controller` adapts each step's draft length (costs.DraftLengthController); `ranks`
+    share a sharded target; `settings` reach the engine as they are (max_merged_replay, prefill_chunk)."""
+    if seed is None:
+        seed = options.seed or 0
+    engine = SpeculativeEngine(
+        target,
+        drafter,
+        options.sampling,
+        num_draft=options.depth,
+        seed=seed,
+        kv_bits=options.kv_bits,
+        context_length=context_length,
+        max_nodes=options.max_nodes,
+        controller=controller,
+        cache=cache,
+        **settings,
+    )
+    engine.ranks = ranks
+    engine.first_token_mask = first_token_mask
+    return engine

@@ -1,0 +1,224 @@
+"""Measured forward-pass costs and the expected-speedup arithmetic that chooses the draft length.
+
+Verification is "free" only where the target's cost curve over 1, 2, 4, ... tokens is flat. On MLX's stock Linux
+CPU wheel (reference BLAS) it grows linearly, and speculation can only lose; the curve shows it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlxspec.cache.recurrent import is_recurrent, leaf_caches, recurrent_leaves, restore, snapshot
+from mlxspec.loading import LoadedModel
+from mlxspec.platform import blas_in_use, cache_dir
+
+CURVES_FILE = "cost_curves.json"
+
+
+@dataclass
+class CostCurve:
+    """Median seconds of one forward pass over n new tokens at a fixed context, per n."""
+
+    target: dict[int, float]
+    draft_one: float  # one draft forward of one token (0 for drafters without a model)
+    context: int
+    blas: str
+
+    def target_cost(self, n: int) -> float:
+        """Interpolated cost of verifying n tokens."""
+        sizes = sorted(self.target)
+        if n <= sizes[0]:
+            return self.target[sizes[0]]
+        for low, high in zip(sizes, sizes[1:]):
+            if n <= high:
+                return self.target[low] + (self.target[high] - self.target[low]) * (n - low) / (high - low)
+        last, before = sizes[-1], sizes[-2]
+        slope = (self.target[last] - self.target[before]) / (last - before)
+        return self.target[last] + slope * (n - last)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Leviathan et al.: tokens per step with k drafts accepted i.i.d. with probability alpha (bonus included)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def expected_speedup(curve: CostCurve, alpha: float, k: int) -> float:
+    """Tokens per second relative to plain decoding for draft length k (k = 0 is plain decoding)."""
+    step_seconds = k * curve.draft_one + curve.target_cost(k + 1)
+    return expected_tokens(alpha, k) * curve.target_cost(1) / step_seconds
+
+
+def best_draft_length(curve: CostCurve, alpha: float, max_k: int) -> int:
+    """The k in 0..max_k that maximizes expected speedup; 0 means speculation would lose."""
+    return max(range(max_k + 1), key=lambda k: expected_speedup(curve, alpha, k))
+
+
+def _time_forward(model: nn.Module, n: int, context: int, repeats: int) -> float:
+    cache = make_prompt_cache(model)
+    model(mx.zeros((1, context), mx.int32), cache=cache)
+    mx.eval([c.state for c in cache])
+    times, recurrent = [], recurrent_leaves(cache)
+    for _ in range(repeats + 1):
+        before = snapshot(recurrent)
+        start = time.perf_counter()
+        mx.eval(model(mx.zeros((1, n), mx.int32), cache=cache))
+        times.append(time.perf_counter() - start)
+        restore(recurrent, before)
+        for c in leaf_caches(cache):
+            if not is_recurrent(c):
+                c.trim(n)
+    return statistics.median(times[1:])  # the first run warms kernels up
+
+
+def measure_curve(
+    target: nn.Module, draft: nn.Module | None, sizes=(1, 2, 4, 8, 16, 32), context: int = 256, repeats: int = 7
+) -> CostCurve:
+    from mlxspec.progress import Progress
+
+    progress = Progress("measuring this device's verification cost once", len(sizes) + (draft is not None))
+    costs = {}
+    for i, n in enumerate(sizes):
+        progress.update(i)
+        costs[n] = _time_forward(target, n, context, repeats)
+    progress.update(len(sizes))
+    draft_one = _time_forward(draft, 1, context, repeats) if draft is not None else 0.0
+    progress.close()
+    return CostCurve(costs, draft_one, context, blas_in_use())
+
+
+def _key(kernel: str, *model_paths: Path | None) -> str:
+    # OpenBLAS's thread timeout changes small-call costs by up to a third, so curves are kept per setting, and
+    # per verify kernel (its curve is the flat one).
+    parts = [str(mx.default_device()), blas_in_use(), os.environ.get("OPENBLAS_THREAD_TIMEOUT", ""), kernel]
+    for path in model_paths:
+        if path is not None:
+            config = Path(path) / "config.json"
+            parts.append(hashlib.sha256(config.read_bytes()).hexdigest()[:16] if config.exists() else str(path))
+    return "|".join(parts)
+
+
+def cached_curve(
+    target: nn.Module,
+    draft: nn.Module | None,
+    target_path: Path,
+    draft_path: Path | None,
+    refresh: bool = False,
+    kernel: str = "none",
+    **kwargs,
+) -> CostCurve:
+    """The cost curve for this device, BLAS, kernel and model pair, measured once and then read from the cache.
+
+    A stored curve that lacks one of the requested sizes is measured again rather than extrapolated."""
+    key = _key(kernel, target_path, draft_path)
+    try:
+        stored = json.loads((cache_dir() / CURVES_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        stored = {}
+    entry = stored.get(key)
+    if entry is not None and not refresh and {str(n) for n in kwargs.get("sizes", ())} <= set(entry["target"]):
+        return CostCurve(
+            {int(n): t for n, t in entry["target"].items()}, entry["draft_one"], entry["context"], entry["blas"]
+        )
+    curve = measure_curve(target, draft, **kwargs)
+    stored[key] = asdict(curve)
+    try:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        (cache_dir() / CURVES_FILE).write_text(json.dumps(stored, indent=1))
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+    return curve
+
+
+class DraftLengthController:
+    """Chooses each step's draft length from the running acceptance rate and the measured cost curve."""
+
+    def __init__(self, curve: CostCurve, max_k: int, prior_alpha: float = 0.6, memory: float = 0.9):
+        self.curve, self.max_k, self.memory = curve, max_k, memory
+        # Acceptance counts with exponential forgetting; the prior counts as two steps' worth.
+        self.successes, self.failures = 2 * prior_alpha, 2 * (1 - prior_alpha)
+        # Even perfect acceptance cannot pay for verification: decode plainly.
+        self.can_win = best_draft_length(curve, 1.0, max_k) > 0
+
+    @property
+    def alpha(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+    def next_length(self) -> int:
+        if not self.can_win:
+            return 0
+        # Never settle below one draft token: with none, alpha would stop being measured.
+        return max(1, best_draft_length(self.curve, self.alpha, self.max_k))
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A chain stops at its first rejection: `accepted` successes, then one failure unless all were accepted."""
+        if drafted:
+            self.successes = self.memory * self.successes + accepted
+            self.failures = self.memory * self.failures + (accepted < drafted)
+
+
+def model_curve(
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    sizes: tuple[int, ...],
+    refresh: bool = False,
+    kernel: str = "auto",
+) -> CostCurve:
+    """The cached cost curve of a target (and a draft model, or None), timed the way generation runs it: through
+    the verify kernel's routed view when `kernel` resolves to one."""
+    from mlxspec.kernels import verify as verify_kernel
+
+    backend, _ = verify_kernel.resolve(kernel)
+    return cached_curve(
+        verify_kernel.routed_view(target.model, backend),
+        draft.model if draft else None,
+        target.path,
+        draft.path if draft else None,
+        refresh=refresh,
+        kernel=backend.name if backend is not None else "none",
+        sizes=sizes,
+    )
+
+
+def verify_cost_line(target: LoadedModel, draft: LoadedModel | None, max_tokens: int, kernel: str = "auto") -> str:
+    """v(n): the cost of verifying n tokens relative to one, from this device's cached curve (measured once)."""
+    sizes = tuple(range(1, max(max_tokens, 2) + 1))
+    curve = model_curve(target, draft, sizes, kernel=kernel)
+    costs = ", ".join(f"v({n})={curve.target_cost(n) / curve.target_cost(1):.2f}" for n in sizes[1:])
+    return f"# one target token {1e3 * curve.target_cost(1):.2f} ms; verifying n tokens costs {costs}"
+
+
+def verify_curve_report(
+    target: LoadedModel, draft: LoadedModel | None, max_tokens: int = 32, kernel: str = "auto"
+) -> str:
+    """Cost of one target forward over 1, 2, 4, ... tokens on this device, and the draft length it implies."""
+    from mlxspec.kernels import verify as verify_kernel
+
+    sizes = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_tokens)
+    curve = model_curve(target, draft, sizes, refresh=True, kernel=kernel)
+    base = curve.target[1]
+    backend, status = verify_kernel.resolve(kernel)
+    kernel_text = f"verify kernel: {backend.name}" if backend is not None else f"verify kernel {status}"
+    lines = [
+        f"verification cost at context {curve.context} ({curve.blas} BLAS, {kernel_text}), median of 7:",
+        f"{'tokens':>8s} {'ms':>9s} {'x one token':>12s}",
+    ]
+    lines += [f"{n:8d} {t * 1e3:9.2f} {t / base:12.2f}" for n, t in sorted(curve.target.items())]
+    if draft is not None:
+        lines.append(f"draft, one token: {curve.draft_one * 1e3:.2f} ms ({curve.draft_one / base:.2f} x target)")
+        lines.append("best draft length (Leviathan's expected speedup) by acceptance rate:")
+        for alpha in (0.3, 0.5, 0.7, 0.9):
+            k = best_draft_length(curve, alpha, max(1, max(sizes) - 1))
+            lines.append(f"  alpha {alpha:.1f}: k={k}, expected speedup {expected_speedup(curve, alpha, k):.2f}x")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""The engine's one contract with drafters: a Draft (a chain or a tree, with or without the distributions it was
+drawn from), the Drafter protocol, and common_prefix.
+
+A draft is either a sampled chain with the distributions it was drawn from (verified by Leviathan/Chen rejection
+sampling), or a deterministic tree or chain (verified by sampling the target at every node; see trees.accept_tree).
+Drafters live in mlxspec/drafting/; none of them affects exactness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import mlx.core as mx
+
+from mlxspec.decoding.trees import TreeShape
+
+
+@dataclass
+class Draft:
+    tokens: mx.array  # [M] int32 drafted tokens, lazy; tree nodes 1..M in BFS order
+    probs: mx.array | None = None  # [M, V] the distributions sampled from; None for deterministic drafts
+    shape: TreeShape | None = None  # the tree including its root; None for a chain
+
+    @property
+    def tree(self) -> TreeShape:
+        return self.shape or TreeShape.chain(self.tokens.shape[0])
+
+
+class Drafter(Protocol):
+    """What the engine asks of a drafter. Subclass it to inherit the defaults of the optional parts."""
+
+    calls: int
+    uses_target_hidden: bool = False  # True: the engine hands over the target's hidden state after every step
+    max_nodes: int = 0  # the most nodes one proposal may hold (0: no more than the engine's num_draft)
+
+    def prefill(self, prompt: list[int]) -> None:
+        """See the whole prompt; the last prompt token is where drafting continues from."""
+
+    def reusable(self, prompt: list[int]) -> int:
+        """After a finished run: how many leading tokens of a new prompt this drafter's state already covers and can
+        keep (prompt_cache.py). 0 (the default): none, so a fresh drafter is prefilled instead."""
+        return 0
+
+    def resume(self, prompt: list[int], reused: int) -> None:
+        """Keep the state of prompt[:reused] (0 < reused <= reusable(prompt)), then see the prompt as prefill does."""
+        raise NotImplementedError
+
+    def propose(self, num_tokens: int, key: mx.array | None) -> Draft | None:
+        """Draft about num_tokens tokens (a chain of that length, or a tree that deep) lazily, or None."""
+
+    def accept(self, emitted: list[int], drafted: list[int]) -> None:
+        """The step's outcome: the emitted tokens and, as host ints, the tokens this drafter proposed."""
+
+    def set_hidden(self, hidden: mx.array | None) -> None:
+        """The target's final hidden states [n, D] at the positions its cache just kept, in order (lazy): after the
+        prefill every prompt row but the last, after a step the fed token's row and the kept drafts'. Only called
+        when uses_target_hidden."""
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

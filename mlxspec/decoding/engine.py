@@ -1,0 +1,417 @@
+"""The speculative step: draft, verify in one target forward, accept, roll back. One host sync per step."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxspec.decoding.acceptance import accept_chain, accept_deterministic_chain
+from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
+from mlxspec.decoding.draft import Draft, Drafter
+from mlxspec.cache.recurrent import Snapshot, recurrent_leaves, rewind, snapshot
+from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
+from mlxspec.decoding.target_features import forward_with_hidden
+from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
+from mlxspec.decoding.trees import accept_tree_samples
+
+
+class Ranks(Protocol):
+    """Ranks that share one sharded target (distributed.Sharding)."""
+
+    def agree(self, values: mx.array) -> mx.array:
+        """Rank 0's step outcome on every rank, inside the sync that reads the outcome."""
+
+    def same_draft(self, draft: Draft | None, capacity: int) -> Draft | None:
+        """Rank 0's draft (or its lack of one) on every rank, before the target reads it; capacity bounds its
+        nodes on every rank alike."""
+
+
+def to_host(values: mx.array) -> list[int]:
+    """The engine's host sync: one per step, two on sharded ranks (distributed.same_draft); tests count calls."""
+    return values.tolist()
+
+
+def pad_vocab(probs: mx.array, vocab_size: int) -> mx.array:
+    """Zero-pad distributions to vocab_size, so a target and draft with differently padded embeddings compare."""
+    missing = vocab_size - probs.shape[-1]
+    if missing <= 0:
+        return probs
+    return mx.concatenate([probs, mx.zeros((*probs.shape[:-1], missing), probs.dtype)], axis=-1)
+
+
+@dataclass
+class EngineState:
+    """What a finished run leaves for the next one (prompt_cache.py): a typed snapshot of the engine, taken with any
+    deferred replay fed, so the target cache holds exactly history[:position]."""
+
+    history: list[int]  # every committed token: the prompt, then the generated ones
+    position: int  # tokens the target cache holds
+    cache: list  # the target cache
+    cache_spec: CacheSpec
+    recurrent: bool  # the cache has recurrent layers (they are reused whole or from prompt_snapshot, never trimmed)
+    prompt_snapshot: tuple[int, Snapshot] | None  # (position, recurrent state) at the end of the prompt's prefill
+    drafter: Drafter | None
+
+
+@dataclass
+class StepResult:
+    tokens: list[int]  # accepted drafts, then the target's own token
+    drafted: int  # tokens (chain) or nodes (tree) proposed
+    accepted: int
+    proposed: list[int] = field(default_factory=list)  # the drafted node tokens as host ints, BFS order
+    path: list[int] = field(default_factory=list)  # kept drafted nodes (rows of this step's forward), root excluded
+
+
+class SpeculativeEngine:
+    """Target-side state of speculative decoding: the target cache, the token not yet fed, and the random key."""
+
+    def __init__(
+        self,
+        target: nn.Module,
+        drafter: Drafter | None,
+        sampling: SamplingConfig,
+        num_draft: int = 4,
+        seed: int = 0,
+        kv_bits: int | None = None,
+        context_length: int | None = None,
+        prefill_chunk: int = 512,
+        max_nodes: int | None = None,
+        controller=None,
+        max_merged_replay: int | None = None,
+        cache: list | None = None,
+    ):
+        self.target = target
+        self.drafter = drafter
+        self.sampling = sampling
+        self.num_draft = num_draft if drafter is not None else 0
+        self.context_length = context_length
+        self.prefill_chunk = prefill_chunk
+        self.controller = controller  # costs.DraftLengthController: picks each step's draft length
+        self.profile: dict[str, float] | None = None  # set to {} to time draft/verify/accept/bookkeeping
+        self.first_token_mask: mx.array | None = None  # token healing: [V] allowed first tokens, one plain step
+        self._mark_time = 0.0
+        # `cache`: a target cache kept from an earlier run (prompt_cache.py), built for the same CacheSpec.
+        self.cache_spec = CacheSpec(rollback_room(drafter, num_draft, max_nodes), kv_bits)
+        self.cache = cache if cache is not None else self.cache_spec.make(target)
+        # Recurrent layers (SSM, linear attention) cannot be trimmed: a step that rejects drafts rewinds them to a
+        # snapshot taken before its forward and feeds the accepted tokens again at the front of the next forward
+        # (deferred replay, recurrent.py), which widens that pass instead of costing one more.
+        self.recurrent = recurrent_leaves(self.cache)
+        self.replay: list[int] = []  # accepted tokens the rewound cache has yet to see again
+        self._fed: list[int] = []  # the host tokens fed ahead of the drafts in the last forward (replay + pending)
+        self._before: Snapshot = []  # the recurrent state before the last forward
+        self.replayed = 0  # tokens fed again by deferred replay
+        # Each rejection rewinds to before the whole forward, replay included, so replay grows over a run of
+        # rejections. Past this many tokens it is fed as a forward of its own ahead of the verify forward (queued
+        # in the same step: still one sync), after which the snapshot is taken: widths stay bounded.
+        self.max_merged_replay = self.num_draft + 1 if max_merged_replay is None else max_merged_replay
+        self.catch_up_forwards = 0
+        self.forward_widths: dict[int, int] = {}  # tokens per target forward -> how many forwards
+        # Plain steps queue their next forward before the sync; a step whose sampled token must be redrawn
+        # (a `short` top-p row, see sampling.to_probs_checked) then rolls that forward back, which a recurrent
+        # cache would need a snapshot for: there plain steps rank the whole vocabulary instead.
+        self.rollback_ok = not self.recurrent
+        self.sorted_fallbacks = 0  # steps redone with the whole vocabulary ranked (a top-p set past the candidates)
+        self.key = mx.random.key(seed)
+        self.pending: list[int] = []
+        # Tokens the target cache holds. Kept here, not read off the cache: recurrent layers (ArraysCache) have no
+        # offset, and plain decoding runs on them too.
+        self.position = 0
+        self.history: list[int] = []  # every committed token: the prompt, then each step's tokens
+        self.mid_step = False  # True while a step runs: an exception there leaves the caches unusable
+        self.prompt_snapshot: tuple[int, Snapshot] | None = None  # recurrent targets: the state after prefill
+        self.target_calls = 0
+        # Medusa drafts from the target's own hidden states, so the target forward must return them.
+        self.wants_hidden = drafter is not None and drafter.uses_target_hidden
+        self._hidden: mx.array | None = None
+        self._prefetched: mx.array | None = None  # [1, V] lazy logits of a queued plain forward (see _plain_step)
+        # A target sharded over ranks (distributed.Sharding): every rank verifies rank 0's drafts and emits its outcome.
+        self.ranks: Ranks | None = None
+
+    def prefill(self, prompt: list[int], reused: int = 0, drafter_reused: int = 0) -> None:
+        """Feed all but the last prompt token; the last one is verified together with the first draft.
+
+        reused: the target cache already holds prompt[:reused] (kept from an earlier run); drafter_reused: the
+        drafter's state already covers that many (see Drafter.reusable)."""
+        self.position, self.history = reused, list(prompt)
+        todo = list(prompt[reused:-1])
+        hidden = []
+        for start in range(0, len(todo), self.prefill_chunk):
+            chunk = mx.array(todo[start : start + self.prefill_chunk])[None]
+            if self.wants_hidden:
+                hidden.append(forward_with_hidden(self.target, chunk, self.cache)[0][0])
+                mx.eval(hidden[-1], [c.state for c in self.cache])
+            else:
+                self.target(chunk, cache=self.cache)
+                mx.eval([c.state for c in self.cache])
+            self.position += chunk.shape[1]
+        self.pending = [prompt[-1]]
+        if self.recurrent:  # free (references): a later prompt sharing this one's prefix may start from here
+            self.prompt_snapshot = (self.position, snapshot(self.recurrent))
+        if self.drafter is not None:
+            if drafter_reused:
+                self.drafter.resume(prompt, drafter_reused)
+            else:
+                self.drafter.prefill(prompt)
+            if self.wants_hidden:  # every prompt row but the pending token's (none for a one-token prompt)
+                self.drafter.set_hidden(mx.concatenate(hidden) if hidden else None)
+
+    def kept_state(self) -> EngineState | None:
+        """The state a finished or stopped run hands to the prompt cache; None after a step that failed midway (its
+        caches may hold a half-fed forward)."""
+        if self.mid_step:
+            return None
+        self.settle()
+        return EngineState(
+            list(self.history),
+            self.position,
+            self.cache,
+            self.cache_spec,
+            bool(self.recurrent),
+            self.prompt_snapshot,
+            self.drafter,
+        )
+
+    def room(self) -> int | None:
+        """Positions left in the target's context once the pending token is fed: drafts may use them, and a
+        negative value means no further token fits."""
+        if self.context_length is None:
+            return None
+        return self.context_length - self.position - len(self.replay) - len(self.pending)
+
+    def _mark(self, phase: str, *arrays) -> None:
+        """Profiling only: finish `arrays`, charge the time since the last mark to `phase` (adds syncs)."""
+        if self.profile is None:
+            return
+        mx.eval([a for a in arrays if a is not None])
+        now = time.perf_counter()
+        self.profile[phase] = self.profile.get(phase, 0.0) + now - self._mark_time
+        self._mark_time = now
+
+    def step(self, max_new_tokens: int) -> StepResult:
+        """One draft-verify-accept round emitting between 1 and (draft depth + 1) tokens, at most max_new_tokens."""
+        self.mid_step = True
+        self._mark_time = time.perf_counter()
+        draft_key = accept_key = None
+        if not self.sampling.greedy:  # greedy steps draw nothing, so they split no keys
+            self.key, draft_key, accept_key = mx.random.split(self.key, 3)
+        budget = self.num_draft if self.controller is None else min(self.num_draft, self.controller.next_length())
+        budget = min(budget, max_new_tokens - 1)
+        if self.first_token_mask is not None:
+            budget = 0  # the constrained first token is decoded plainly
+        # A forward is queued only when every later step is plain (_decodes_plainly), so none is queued here.
+        assert budget == 0 or self._prefetched is None
+        if self.room() is not None:
+            budget = min(budget, self.room())
+        draft = self.drafter.propose(budget, draft_key) if budget > 0 else None
+        if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():
+            draft = None  # no room in the context to verify it: decode one token instead
+        if budget > 0 and self.ranks is not None:  # (every rank has the same budget: it follows emitted tokens)
+            draft = self.ranks.same_draft(draft, self.cache_spec.max_rollback)
+        self._mark("draft", None if draft is None else draft.tokens)
+        if draft is None:
+            result = self._plain_step(accept_key, max_new_tokens)
+        elif draft.probs is not None:
+            result = self._verify_sampled_chain(draft, accept_key)
+        else:
+            result = self._verify_deterministic(draft, accept_key)
+        self.target_calls += 1
+        if self.controller is not None:
+            self.controller.update(result.drafted, result.accepted)
+        if self.drafter is not None:
+            self.drafter.accept(result.tokens, result.proposed)
+            if self.wants_hidden:  # the hidden states of the kept rows: the fed token's, then the kept drafts'
+                self.drafter.set_hidden(self._hidden[mx.array([0, *result.path], dtype=mx.int32)])
+        self._mark("bookkeeping")
+        self.history.extend(result.tokens)
+        self.mid_step = False
+        return result
+
+    def _target_logits(self, draft: Draft | None) -> mx.array:
+        """[N, V] target logits after the pending token and each drafted node; feeds them all to the cache."""
+        if len(self.replay) > self.max_merged_replay:
+            self._feed_replay_alone()
+        self._fed, skip = self.replay + self.pending, len(self.replay)
+        inputs = mx.array(self._fed, dtype=mx.int32)
+        if draft is not None:
+            inputs = mx.concatenate([inputs, draft.tokens])
+        if self.recurrent:
+            self._before = snapshot(self.recurrent)
+        if self.wants_hidden:
+            hidden, logits = forward_with_hidden(self.target, inputs[None], self.cache)
+            self._hidden = hidden[0, skip:]
+        else:
+            logits = self.target(inputs[None], cache=self.cache)
+        self._count_forward(inputs.shape[0])
+        self.position += inputs.shape[0]
+        self.replay, self.replayed = [], self.replayed + skip
+        logits = logits[0, skip:]  # the replayed rows predict tokens already emitted
+        if self.first_token_mask is not None:
+            vocab = min(logits.shape[-1], self.first_token_mask.shape[0])
+            allowed = mx.concatenate(
+                [self.first_token_mask[:vocab], mx.zeros(logits.shape[-1] - vocab, dtype=mx.bool_)]
+            )
+            logits = mx.where(allowed, logits, -mx.inf)
+            self.first_token_mask = None
+        return logits
+
+    def settle(self) -> None:
+        """Feed any deferred replay now, so the target cache holds every token but the pending one."""
+        if self.replay:
+            self._feed_replay_alone()
+            mx.eval([c.state for c in self.cache])
+
+    def _count_forward(self, width: int) -> None:
+        self.forward_widths[width] = self.forward_widths.get(width, 0) + 1
+
+    def _feed_replay_alone(self) -> None:
+        """Queue a forward of the replay tokens only (its logits are never evaluated, so never computed)."""
+        self.target(mx.array(self.replay, dtype=mx.int32)[None], cache=self.cache)
+        if self.ranks is not None:  # sharded: one forward per evaluation keeps the ranks' messages in one order
+            mx.eval([c.state for c in self.cache])
+        self._count_forward(len(self.replay))
+        self.position += len(self.replay)
+        self.replayed += len(self.replay)
+        self.catch_up_forwards += 1
+        self.replay = []
+
+    def _target_samples(
+        self, logits: mx.array, key: mx.array | None, ranked: bool = False
+    ) -> tuple[mx.array, mx.array]:
+        """([N] one draw per row from the processed target distribution, the argmax when greedy; [] bool: some row
+        ranked too few candidates and must be redrawn with ranked=True, the whole vocabulary ranked, same key)."""
+        if self.sampling.greedy:
+            return mx.argmax(logits, axis=-1).astype(mx.int32), mx.array(False)
+        if ranked:
+            return sample(to_probs_sorted(logits, self.sampling), key, False), mx.array(False)
+        probs, short = to_probs_checked(logits, self.sampling)
+        return sample(probs, key, False), short.any()
+
+    def _plain_step(self, key: mx.array | None, max_new_tokens: int) -> StepResult:
+        """One token with no draft. When the next step will be plain too, its forward is queued on this step's
+        lazy token before the sync, so graph building overlaps computing (as mlx-lm's generate_step does)."""
+        logits = self._prefetched if self._prefetched is not None else self._target_logits(None)
+        self._mark("verify", logits)
+        token, short = self._target_samples(logits[-1:], key, ranked=not self.rollback_ok)
+        self._mark("target probs", token)
+        self._prefetched = None
+        free = None if self.context_length is None else self.context_length - self.position
+        if self._decodes_plainly() and max_new_tokens > 1 and (free is None or free > 0):
+            self._prefetched = self.target(token[None], cache=self.cache)[0]
+            self.position += 1
+            self._count_forward(1)
+            mx.async_eval(self._prefetched)
+        value, redraw = self._host(mx.concatenate([token, short[None].astype(mx.int32)]))
+        if redraw:  # rare: the token came from too few ranked candidates; the queued forward fed it, so undo that
+            self.sorted_fallbacks += 1
+            if self._prefetched is not None:
+                self._prefetched = None
+                self._roll_back(1)
+            value = self._host(self._target_samples(logits[-1:], key, ranked=True)[0])[0]
+        self._mark("accept")
+        self.pending = [] if self._prefetched is not None else [value]
+        return StepResult([value], 0, 0, [], [])
+
+    def _host(self, values: mx.array) -> list[int]:
+        return to_host(values if self.ranks is None else self.ranks.agree(values))
+
+    def _roll_back(self, num_tokens: int) -> None:
+        rollback(self.cache, num_tokens)
+        self.position -= max(0, num_tokens)
+
+    def _keep(self, num_drafted: int, kept: list[int]) -> None:
+        """After verifying a chain of num_drafted tokens, keep the tokens fed ahead of it and the `kept` drafts.
+
+        An attention cache trims the rest. A recurrent one rewinds to before the forward, and what it should have
+        kept is fed again at the front of the next one."""
+        rejected = num_drafted - len(kept)
+        if rejected == 0:
+            return
+        if not self.recurrent:
+            self._roll_back(rejected)
+            return
+        fed = len(self._fed) + num_drafted
+        rewind(self.cache, self._before, fed)
+        self.position -= fed
+        self.replay = self._fed + kept
+
+    def _decodes_plainly(self) -> bool:
+        """Whether every later step is certain to be plain decoding (no drafter, or one that cannot pay)."""
+        if self.wants_hidden or self.first_token_mask is not None or self.ranks is not None:
+            return False  # (sharded: a queued forward would feed this rank's token before the ranks agree on it)
+        return self.drafter is None or (self.controller is not None and not self.controller.can_win)
+
+    def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
+        num_draft = draft.tokens.shape[0]
+        logits = self._target_logits(draft)
+        self._mark("verify", logits)
+        target_probs, short = to_probs_checked(logits, self.sampling)
+        self._mark("target probs", target_probs)
+        accepted = self._accept_chain(draft, target_probs, key)
+        values = self._host(mx.concatenate([*accepted, short.any()[None].astype(mx.int32), draft.tokens]))
+        if values[2]:  # rare: a target row's top-p set reached past its ranked candidates; redo, same key
+            self.sorted_fallbacks += 1
+            values[:2] = self._host(
+                mx.concatenate(self._accept_chain(draft, to_probs_sorted(logits, self.sampling), key))
+            )
+        num_accepted, next_token, proposed = values[0], values[1], values[3:]
+        self._mark("accept")
+        self._keep(num_draft, proposed[:num_accepted])
+        self.pending = [next_token]
+        kept = list(range(1, num_accepted + 1))
+        return StepResult(proposed[:num_accepted] + [next_token], num_draft, num_accepted, proposed, kept)
+
+    def _accept_chain(self, draft: Draft, target_probs: mx.array, key: mx.array) -> list[mx.array]:
+        """[num_accepted [1], next_token [1]] by Leviathan/Chen rejection sampling (acceptance.accept_chain)."""
+        vocab = max(target_probs.shape[-1], draft.probs.shape[-1])
+        num_accepted, next_token = accept_chain(
+            draft.tokens, pad_vocab(draft.probs, vocab), pad_vocab(target_probs, vocab), key, self.sampling.greedy
+        )
+        return [num_accepted[None], next_token[None]]
+
+    def _accept_samples(self, draft: Draft, samples: mx.array) -> list[mx.array]:
+        """[deepest accepted node [1], next token [1]] from one target draw per node."""
+        shape = draft.tree
+        if shape.is_chain:
+            deepest, next_token = accept_deterministic_chain(draft.tokens, samples)
+        else:
+            node_tokens = mx.concatenate([mx.array(self.pending, dtype=mx.int32), draft.tokens])
+            parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
+            deepest, next_token = accept_tree_samples(node_tokens, parents, samples, shape.max_depth)
+        return [deepest[None], next_token[None]]
+
+    def _verify_deterministic(self, draft: Draft, key: mx.array | None) -> StepResult:
+        """A deterministic chain or tree (greedy drafts, prompt lookup, top-k trees, Medusa), verified node by node.
+
+        A chain needs no tree machinery: the causal mask is its ancestor mask and rollback is moving the offset."""
+        shape, prefix = draft.tree, self.position
+        if shape.is_chain:
+            logits = self._target_logits(draft)
+        else:
+            assert not self.recurrent, "trees need per-branch recurrent state; the API drafts chains for these"
+            with tree_verification(self.target, self.cache, shape, prefix):
+                logits = self._target_logits(draft)
+        self._mark("verify", logits)
+        samples, short = self._target_samples(logits, key)
+        self._mark("target probs", samples)
+        values = self._host(
+            mx.concatenate([*self._accept_samples(draft, samples), short[None].astype(mx.int32), draft.tokens])
+        )
+        if values[2]:  # rare: some row ranked too few candidates; redraw every row from the whole vocabulary, same key
+            self.sorted_fallbacks += 1
+            samples = self._target_samples(logits, key, ranked=True)[0]
+            values[:2] = self._host(mx.concatenate(self._accept_samples(draft, samples)))
+        deepest, next_token, proposed = values[0], values[1], values[3:]
+        self._mark("accept")
+        path = shape.path_to(deepest)
+        if shape.is_chain:
+            self._keep(shape.size - 1, proposed[:deepest])
+        else:
+            keep_tree_path(self.cache, prefix, [0, *path])
+            self.position = prefix + 1 + len(path)
+        self.pending = [next_token]
+        return StepResult([proposed[i - 1] for i in path] + [next_token], shape.size - 1, len(path), proposed, path)

@@ -1,0 +1,123 @@
+"""Turning logits into the processed distributions that both drafting and verification sample from.
+
+The filters follow mlx-lm's `make_sampler` exactly (top-p, then min-p, then top-k on the model's log-probabilities,
+then temperature), so `--no-draft` samples the same distribution as mlx-lm, and speculative output is distributed as
+that processed target distribution.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+from mlxspec.kernels import verify as verify_kernel
+from mlxspec.options import SamplingConfig
+
+
+# Tokens ranked per row for top-p/top-k. At 128k-262k vocabularies a full sort per row costs more than a small
+# target's forward; the filters only ever keep the best few hundred tokens of a trained model.
+CANDIDATES = 1024
+INVERSE_CDF_MIN_VOCAB = 32768  # sample() by inverse CDF at and above this many tokens (CPU)
+
+
+def to_probs(logits: mx.array, config: SamplingConfig) -> mx.array:
+    """Processed next-token distributions, in float32: logits [..., V] -> probabilities [..., V], one-hot on the
+    argmax when greedy. Rows flagged by `to_probs_checked` may be truncated more than the filters ask; drafters may
+    use them (any q is exact under rejection sampling), the target's law must come from `to_probs_checked`."""
+    return to_probs_checked(logits, config)[0]
+
+
+def to_probs_checked(logits: mx.array, config: SamplingConfig) -> tuple[mx.array, mx.array]:
+    """(probs [..., V], short [...] bool). Top-p/top-k rank only each row's CANDIDATES best tokens; a row is `short`
+    when a token outside them could survive the filters (the top-p set reaches past them), and is exact only from
+    `to_probs_sorted`, which ranks the whole vocabulary. Callers recompute such rows (rare for trained models)."""
+    logits = logits.astype(mx.float32)
+    vocab = logits.shape[-1]
+    not_short = mx.zeros(logits.shape[:-1], dtype=mx.bool_)
+    if config.greedy:
+        return to_probs_sorted(logits, config), not_short  # one-hot on the argmax: nothing to rank
+    ranks = 0 < config.top_p < 1 or 0 < config.top_k < vocab
+    count = min(vocab, max(CANDIDATES, config.top_k))
+    if not ranks and config.min_p == 0.0:  # temperature alone: no normalization needed before the softmax
+        return mx.softmax(logits * (1.0 / config.temperature), axis=-1), not_short
+    if not ranks or count == vocab:
+        return to_probs_sorted(logits, config), not_short
+    rows = logits.reshape(-1, vocab)
+    probs, short = _candidate_probs(rows, config, count)
+    return probs.reshape(logits.shape), short.reshape(logits.shape[:-1])
+
+
+def _candidate_probs(rows: mx.array, config: SamplingConfig, count: int) -> tuple[mx.array, mx.array]:
+    """mlx-lm's filters (top-p, then min-p, then top-k) on each row's `count` best tokens. rows: [R, V] float32.
+    Returns (probs [R, V], short [R])."""
+    values, indices = top_candidates(rows, count)  # [R, C], best first
+    last = values[:, -1:]
+    keep = mx.ones(values.shape, dtype=mx.bool_)
+    outside_survives = mx.ones(last.shape, dtype=mx.bool_)  # could a token ranked below the candidates pass?
+    if 0 < config.top_p < 1:
+        probs = mx.exp(values - row_logsumexp(rows))
+        mass_before = mx.cumsum(probs, axis=-1, inclusive=False)
+        kept = (mass_before < config.top_p).sum(axis=-1, keepdims=True)  # >= 1: the best token is always kept
+        threshold = mx.take_along_axis(values, kept - 1, axis=-1)
+        keep = values >= threshold  # ties with the threshold stay, as in mlx-lm
+        outside_survives = outside_survives & (threshold <= last)
+    if config.min_p != 0.0:
+        floor = values[:, :1] + math.log(config.min_p)
+        keep = keep & (values >= floor)
+        outside_survives = outside_survives & (floor <= last)
+    if 0 < config.top_k < rows.shape[-1]:
+        keep = keep & (mx.arange(values.shape[-1]) < config.top_k)  # exactly k: the first k of the ranking
+        outside_survives = mx.zeros(last.shape, dtype=mx.bool_)
+    weights = mx.softmax(mx.where(keep, values * (1.0 / config.temperature), -mx.inf), axis=-1)
+    probs = mx.put_along_axis(mx.zeros(rows.shape, dtype=mx.float32), indices, weights, axis=-1)
+    return probs, outside_survives[:, 0]
+
+
+def to_probs_sorted(logits: mx.array, config: SamplingConfig) -> mx.array:
+    """The same distributions with every filter applied over the whole sorted vocabulary (mlx-lm's own code)."""
+    logits = logits.astype(mx.float32)
+    if config.greedy:
+        return (mx.arange(logits.shape[-1]) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if 0 < config.top_p < 1.0:
+        logprobs = apply_top_p(logprobs, config.top_p)
+    if config.min_p != 0.0:
+        logprobs = apply_min_p(logprobs, config.min_p)
+    if 0 < config.top_k < logprobs.shape[-1]:
+        logprobs = apply_top_k(logprobs, config.top_k)
+    return mx.softmax(logprobs * (1.0 / config.temperature), axis=-1)
+
+
+def top_candidates(rows: mx.array, count: int) -> tuple[mx.array, mx.array]:
+    """Each row's `count` largest logits, best first, and their indices: rows [R, V] -> ([R, C], [R, C] int32)."""
+    ops = verify_kernel.row_ops()
+    if ops is not None:
+        return ops.top_candidates(rows, count)
+    indices = mx.argpartition(-rows, kth=count - 1, axis=-1)[:, :count]
+    values = mx.take_along_axis(rows, indices, axis=-1)
+    order = mx.argsort(-values, axis=-1)
+    return mx.take_along_axis(values, order, axis=-1), mx.take_along_axis(indices, order, axis=-1)
+
+
+def row_logsumexp(rows: mx.array) -> mx.array:
+    """[R, V] -> [R, 1]."""
+    ops = verify_kernel.row_ops()
+    return ops.logsumexp(rows) if ops is not None else mx.logsumexp(rows, axis=-1, keepdims=True)
+
+
+def sample(probs: mx.array, key: mx.array, greedy: bool) -> mx.array:
+    """One token per row of probs [..., V] -> [...] int32. Greedy rows are one-hot, so argmax is exact.
+
+    On the CPU at real vocabularies by inverse CDF in float64 with a 48-bit uniform (one cumulative sum: ~0.5 ms for
+    152k tokens, where Gumbel-max costs ~5 ms of MLX's CPU log and random ops); below INVERSE_CDF_MIN_VOCAB tokens
+    (fewer ops for dispatch-bound models) and elsewhere (no float64 on Apple GPUs) by Gumbel-max."""
+    if greedy:
+        return mx.argmax(probs, axis=-1).astype(mx.int32)
+    if mx.default_device() != mx.cpu or probs.shape[-1] < INVERSE_CDF_MIN_VOCAB:
+        return mx.random.categorical(mx.log(probs), key=key).astype(mx.int32)
+    cdf = mx.cumsum(probs.astype(mx.float64), axis=-1)
+    high, low = mx.random.uniform(shape=(2, *probs.shape[:-1], 1), key=key).astype(mx.float64)
+    u = (high + low * 2.0**-24) * cdf[..., -1:]  # in [0, total): zero-probability tokens are never drawn
+    return (cdf <= u).sum(axis=-1).astype(mx.int32)

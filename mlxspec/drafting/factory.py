@@ -1,0 +1,62 @@
+"""make_drafter: the one place drafters are wired from DecodeOptions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.nn as nn
+import numpy as np
+
+from mlxspec.decoding.draft import Drafter
+from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.drafting.lookup import LookupThenModelDrafter, PromptLookupDrafter
+from mlxspec.errors import UserError
+from mlxspec.options import DecodeOptions
+
+
+def make_drafter(
+    options: DecodeOptions,
+    draft_model: nn.Module | None = None,
+    medusa: Any = None,
+    target_model: nn.Module | None = None,
+    successors: np.ndarray | None = None,
+    feature_head: Any = None,
+) -> Drafter | None:
+    """The drafter `options` ask for: a feature head (EAGLE or MTP) or Medusa heads (on target_model), or a draft
+    model, optionally behind prompt lookup (with its corpus table `successors`); None decodes plainly. The one place
+    drafters are wired."""
+    sampling, depth = options.sampling, options.depth
+    model_drafter: Drafter | None = None
+    if options.use_draft and feature_head is not None:
+        from mlxspec.drafting.feature_drafter import FeatureDrafter
+        from mlxspec.drafting.feature_head import HeadOnTarget
+
+        model_drafter = FeatureDrafter(
+            HeadOnTarget(feature_head, target_model),
+            sampling,
+            beam=options.tree_topk,
+            max_nodes=options.tree_nodes or depth * options.tree_topk,
+        )
+    elif options.use_draft and medusa is not None:
+        from mlxspec.drafting.medusa import MedusaDrafter
+
+        model_drafter = MedusaDrafter(
+            medusa, target_model, tree_nodes=depth * options.tree_topk, tree_topk=options.tree_topk
+        )
+    elif options.use_draft and draft_model is not None:
+        model_drafter = DraftModelDrafter(
+            draft_model,
+            sampling,
+            depth,
+            kv_bits=options.kv_bits,
+            kv_window=options.draft_window,
+            tree_topk=options.tree_topk,
+        )
+    elif options.tree_topk > 1:
+        raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
+    if not options.lookup:
+        return model_drafter
+    lookup = PromptLookupDrafter(
+        max_candidates=options.lookup_candidates, successors=successors if options.corpus_fallback else None
+    )
+    return LookupThenModelDrafter(lookup, model_drafter) if model_drafter is not None else lookup

@@ -1,0 +1,242 @@
+"""The verify kernel: a matmul for 1..16 rows that reads each weight once for all of them (csrc/), and the
+routed view of a target that sends its Linear, QuantizedLinear and tied-embedding LM head through it.
+
+Why: MLX's CPU matmul packs the whole weight matrix on every small-M call, so verifying K+1 tokens costs far more
+than one token. The kernel makes a row's result independent of how many rows came with it, so speculative output
+equals mlxspec's plain decoding bit for bit (plain decoding runs through the same kernel at M = 1).
+
+Backends plug in through `VerifyBackend`; the CPU extension is the one built here. A CUDA (`mx.fast.cuda_kernel`) or
+Metal (`mx.fast.metal_kernel`) version implements the same two methods and is chosen by device, never by guess.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxspec.errors import UserError
+from mlxspec.options import KERNEL_CHOICES
+
+MAX_ROWS = 16  # more rows than this (prefill, big trees) go to MLX's own matmul
+FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
+
+
+class VerifyBackend(Protocol):
+    name: str
+
+    def matmul(self, x: mx.array, w: mx.array) -> mx.array:
+        """x [..., K] @ w[N, K].T with x and w of one float dtype."""
+
+    def qmatmul(
+        self, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int
+    ) -> mx.array:
+        """x @ dequantize(w).T for mlx-lm's affine quantization (transpose=True layout)."""
+
+
+class CPUExtension:
+    """The C++ extension (mlxspec._verify_kernel): runs on the CPU stream."""
+
+    name = "cpu"
+
+    def __init__(self, module):
+        self.module = module
+        self.threads = module.threads()
+
+    def matmul(self, x: mx.array, w: mx.array) -> mx.array:
+        return self.module.verify_matmul(x, w, stream=mx.cpu)
+
+    def qmatmul(self, x, w, scales, biases, group_size: int, bits: int) -> mx.array:
+        return self.module.verify_qmatmul(x, w, scales, biases, group_size, bits, stream=mx.cpu)
+
+    def logsumexp(self, x: mx.array) -> mx.array:
+        """[N, V] float32 -> [N, 1]."""
+        return self.module.row_logsumexp(x, stream=mx.cpu)[:, None]
+
+    def top_candidates(self, x: mx.array, count: int) -> tuple[mx.array, mx.array]:
+        """[N, V] float32 -> (values [N, C] best first, indices [N, C] int32), ties by lower index."""
+        values, indices = self.module.top_candidates(x, count, stream=mx.cpu)
+        return values, indices.astype(mx.int32)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_backend() -> tuple[CPUExtension | None, str]:
+    """(the CPU backend, "") or (None, why not): not built, built for another MLX, or failing its self-test."""
+    try:
+        from mlxspec import _verify_kernel as module
+    except ImportError:
+        return None, "not built (no C++ compiler or CMake at install time); reinstall mlxspec where they are"
+    if module.built_with_mlx != mx.__version__:
+        return None, f"built for MLX {module.built_with_mlx}, running MLX {mx.__version__}; reinstall mlxspec"
+    backend = CPUExtension(module)
+    try:
+        x, w = mx.arange(6, dtype=mx.float32).reshape(2, 3), mx.arange(12, dtype=mx.float32).reshape(4, 3)
+        if not mx.array_equal(backend.matmul(x, w), x @ w.T).item():
+            return None, "failed its self-test against mx.matmul; reinstall mlxspec"
+    except Exception as error:  # e.g. a nanobind ABI other than MLX's: the array type is not recognised
+        return None, f"cannot run with this MLX ({type(error).__name__}); reinstall mlxspec"
+    return backend, ""
+
+
+def resolve(choice: str) -> tuple[VerifyBackend | None, str]:
+    """(backend, "") or (None, status) for choice auto/on/off. The status starts with "unavailable:" where the kernel
+    was wanted on this device and is missing; 'on' without a usable kernel is refused by name."""
+    if choice not in KERNEL_CHOICES:
+        raise UserError(f"kernel {choice!r} is not one of {', '.join(KERNEL_CHOICES)}")
+    if choice == "off":
+        return None, "off (kernel='off')"
+    if mx.default_device() != mx.cpu:
+        why = f"no verify kernel for {mx.default_device()} yet; MLX's matmul is used"
+        if choice == "on":
+            raise UserError(f"--kernel on: {why}; use --kernel auto or off")
+        return None, f"off ({why})"
+    backend, why = cpu_backend()
+    if backend is None and choice == "on":
+        raise UserError(f"--kernel on: the verify kernel is unavailable: {why}; use --kernel auto or off")
+    return backend, "" if backend is not None else f"unavailable: {why}"
+
+
+def row_ops():
+    """The kernel's sampling row ops (logsumexp, top_candidates) where they run on the default device, else None."""
+    return cpu_backend()[0] if mx.default_device() == mx.cpu else None
+
+
+class KernelMissingWarning(RuntimeWarning):
+    """The verify kernel was wanted (kernel='auto' on a CPU) but is not built or does not match this MLX."""
+
+
+@functools.lru_cache(maxsize=1)
+def warn_once_without_kernel(status: str) -> None:
+    warnings.warn(f"mlxspec is running without the verify kernel: {status}", KernelMissingWarning, stacklevel=4)
+
+
+# ---- routing: layer classes that call the kernel for up to MAX_ROWS rows, MLX's own op beyond ----
+
+
+def _rows(x: mx.array) -> int:
+    return x.size // x.shape[-1] if x.ndim else 0
+
+
+class VerifyLinear(nn.Linear):
+    backend: VerifyBackend
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if _rows(x) > MAX_ROWS or x.dtype != self.weight.dtype:
+            return super().__call__(x)
+        y = self.backend.matmul(x, self.weight)
+        return y + self.bias if "bias" in self else y
+
+
+def _quantized_call(layer, x: mx.array) -> mx.array | None:
+    """The kernel's product for a QuantizedLinear/QuantizedEmbedding layer, or None to use MLX's own op."""
+    if _rows(x) > MAX_ROWS or x.dtype != layer.scales.dtype:
+        return None
+    return layer.backend.qmatmul(x, layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits)
+
+
+class VerifyQuantizedLinear(nn.QuantizedLinear):
+    backend: VerifyBackend
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = _quantized_call(self, x)
+        if y is None:
+            return super().__call__(x)
+        return y + self.bias if "bias" in self else y
+
+
+class VerifyEmbedding(nn.Embedding):
+    """Embedding lookups unchanged; the tied LM head (`as_linear`) through the kernel."""
+
+    backend: VerifyBackend
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if _rows(x) > MAX_ROWS or x.dtype != self.weight.dtype:
+            return super().as_linear(x)
+        return self.backend.matmul(x, self.weight)
+
+
+class VerifyQuantizedEmbedding(nn.QuantizedEmbedding):
+    backend: VerifyBackend
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        y = _quantized_call(self, x)
+        return super().as_linear(x) if y is None else y
+
+
+def _quantized_supported(layer) -> bool:
+    return (
+        getattr(layer, "mode", "affine") == "affine"
+        and layer.bits in (4, 8)
+        and layer.group_size in (32, 64, 128)
+        and layer.get("biases") is not None
+        and layer.scales.dtype in FLOAT_DTYPES
+    )
+
+
+ROUTES: dict[type, tuple[type, callable]] = {
+    nn.Linear: (VerifyLinear, lambda m: m.weight.dtype in FLOAT_DTYPES),
+    nn.QuantizedLinear: (VerifyQuantizedLinear, _quantized_supported),
+    nn.Embedding: (VerifyEmbedding, lambda m: m.weight.dtype in FLOAT_DTYPES),
+    nn.QuantizedEmbedding: (VerifyQuantizedEmbedding, _quantized_supported),
+}
+
+
+def _retyped(layer: nn.Module, cls: type, backend: VerifyBackend) -> nn.Module:
+    """A `cls` layer sharing `layer`'s arrays and settings (no copy), calling `backend`."""
+    routed = cls.__new__(cls)
+    routed.__dict__.update(layer.__dict__)
+    dict.update(routed, layer)  # the arrays themselves; nn.Module.update would walk parameters
+    routed.backend = backend
+    return routed
+
+
+def route_layer(layer: nn.Module, backend: VerifyBackend) -> nn.Module:
+    """`layer` as its kernel-calling class when the kernel supports it, else `layer` itself."""
+    route = ROUTES.get(type(layer))
+    if route is None or not route[1](layer):
+        return layer
+    return _retyped(layer, route[0], backend)
+
+
+def count_routed(model: nn.Module) -> int:
+    routed_types = tuple(cls for cls, _ in ROUTES.values())
+    return sum(isinstance(layer, routed_types) for _, layer in model.named_modules())
+
+
+VIEWS_KEY = "_mlxspec_routed_views"  # in a model's __dict__ (not its parameters): backend name -> its routed view
+
+
+def routed_view(model: nn.Module, backend: VerifyBackend | None) -> nn.Module:
+    """`model` with its supported Linear/QuantizedLinear/Embedding leaves calling `backend`, built once per model
+    and backend and kept: a second module tree sharing every array (no copy). The model itself is never changed,
+    so mlx-lm's own generate on it, or a stream with the kernel off, never sees the kernel. None: `model` itself."""
+    if backend is None:
+        return model
+    views = model.__dict__.setdefault(VIEWS_KEY, {})
+    if backend.name not in views:
+        views[backend.name] = _view(model, backend, {})
+    return views[backend.name]
+
+
+def _view(value: Any, backend: VerifyBackend, memo: dict[int, Any]) -> Any:
+    """A copy of the module tree under `value` with routed leaves; arrays and plain attributes shared, and a module
+    reached twice (a tied or aliased layer) copied once."""
+    if id(value) in memo:
+        return memo[id(value)]
+    if isinstance(value, nn.Module):
+        routed = route_layer(value, backend)
+        if routed is value:
+            routed = value.__class__.__new__(value.__class__)
+            routed.__dict__.update({k: v for k, v in value.__dict__.items() if k != VIEWS_KEY})
+            memo[id(value)] = routed
+            dict.update(routed, {key: _view(item, backend, memo) for key, item in value.items()})
+        memo[id(value)] = routed
+        return routed
+    if isinstance(value, (list, tuple)):
+        return type(value)(_view(item, backend, memo) for item in value)
+    if isinstance(value, dict):
+        return {key: _view(item, backend, memo) for key, item in value.items()}
+    return value  # arrays and everything else: shared

@@ -1,0 +1,1 @@
+"""The memory planner: will a target and its drafter fit a device. Imports neither MLX nor decoding."""

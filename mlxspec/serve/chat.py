@@ -1,0 +1,126 @@
+"""The terminal chat loop of `mlxspec chat`: streamed answers, the conversation kept in the prompt cache."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from mlxspec.chat_template import encode_messages
+from mlxspec.errors import UserError
+
+HELP = "/reset starts over, /stats shows the last answer's numbers, /exit leaves; Ctrl-C stops an answer"
+
+
+def stats_line(stats) -> str:
+    return (
+        f"alpha={stats.acceptance_rate:.2f} tau={stats.tokens_per_target_call:.2f} "
+        f"gen={stats.tokens_per_second:.1f} tok/s tokens={stats.generated_tokens} mode={stats.mode.replace(' ', '-')} "
+        f"prompt={stats.prompt_tokens} reused={stats.reused_tokens} ({stats.prompt_cache}) "
+        f"prefill={stats.prompt_seconds * 1000:.0f} ms"
+    )
+
+
+@contextlib.contextmanager
+def ctrl_c_sets(flag: threading.Event):
+    """While streaming, Ctrl-C sets `flag` (checked between steps, so the caches stay whole) instead of raising."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class ChatSession:
+    """A conversation with one Speculator (its prompt cache on): the messages so far and the last answer's stats."""
+
+    def __init__(self, speculator: Any, system: str | None = None):
+        self.spec = speculator
+        self.start = [{"role": "system", "content": system}] if system else []
+        self.messages = list(self.start)
+        self.last_stats = None
+
+    def reset(self) -> None:
+        self.messages = list(self.start)
+        if self.spec.prompt_cache is not None:
+            self.spec.prompt_cache.clear()
+
+    def prompt_tokens(self, note: Callable[[str], None]) -> list[int]:
+        """The conversation's tokens, dropping its oldest turns while it leaves no room for an answer."""
+        context = self.spec.target.context_length
+        while True:
+            tokens = encode_messages(self.spec.tokenizer, self.messages, self.spec.target.path)
+            room = min(self.spec.options.max_tokens, context // 2) if context else 0
+            if context is None or len(tokens) + room <= context:
+                return tokens
+            oldest = len(self.start)
+            if len(self.messages) - oldest <= 1:
+                raise UserError(f"this message is {len(tokens)} tokens, too long for the {context}-token context")
+            del self.messages[oldest : oldest + 2]  # the oldest question and its answer
+            note("(the oldest turn was dropped to fit the context)")
+
+    def answer(self, text: str, write: Callable[[str], None], stop: threading.Event) -> None:
+        """Stream the answer to `text`; `stop` ends it at the next step. The answer joins the conversation."""
+        self.messages.append({"role": "user", "content": text})
+        try:
+            tokens = self.prompt_tokens(lambda line: write(line + "\n"))
+        except UserError:
+            self.messages.pop()
+            raise
+        pieces = []
+        with contextlib.closing(self.spec.stream(tokens)) as chunks:
+            for chunk in chunks:
+                write(chunk.text)
+                pieces.append(chunk.text)
+                if stop.is_set():
+                    write(" [stopped]")
+                    break
+        write("\n")
+        self.messages.append({"role": "assistant", "content": "".join(pieces)})
+        self.last_stats = self.spec.last_stats
+
+
+def run_chat(speculator: Any, system: str | None, verbose: bool, read=input, out: TextIO = sys.stdout) -> None:
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401  (line editing and history for input())
+
+    session = ChatSession(speculator, system)
+
+    def write(text: str) -> None:
+        out.write(text)
+        out.flush()
+
+    write(f"mlxspec chat with {speculator.target.path.name}; {HELP}.\n")
+    while True:
+        try:
+            line = read(">>> ").strip()
+        except EOFError:
+            write("\n")
+            return
+        except KeyboardInterrupt:
+            write("\n(/exit leaves)\n")
+            continue
+        if line in ("/exit", "/quit"):
+            return
+        if line == "/reset":
+            session.reset()
+            write("(a new conversation)\n")
+        elif line == "/stats":
+            write((stats_line(session.last_stats) if session.last_stats else "(no answer yet)") + "\n")
+        elif line.startswith("/"):
+            write(f"(unknown command {line.split()[0]}; {HELP})\n")
+        elif line:
+            stop = threading.Event()
+            try:
+                with ctrl_c_sets(stop):
+                    session.answer(line, write, stop)
+            except UserError as error:
+                write(f"mlxspec: error: {error}\n")
+            if verbose and session.last_stats is not None:
+                write(stats_line(session.last_stats) + "\n")

@@ -1,0 +1,260 @@
+"""The OpenAI wire format, apart from HTTP: request bodies checked into DecodeOptions changes, and the response,
+chunk and error objects built from mlxspec's results. Pure functions; server.py does the I/O.
+
+Anything mlxspec does not do (n > 1, logprobs, tools, penalties) is refused by name with a 400, never ignored.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxspec.results import Stats
+
+ROLES = ("system", "developer", "user", "assistant")
+# Fields a client may send that change nothing here (accepted and ignored).
+IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort", "modalities"}
+SPECULATIVE_KEYS = {"enabled": "use_draft", "num_draft": "num_draft", "lookup": "lookup"}
+
+
+class RequestError(Exception):
+    """A request the server refuses: an HTTP status and an OpenAI-style error object naming the parameter."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+        self.kind = kind or {400: "invalid_request_error", 401: "authentication_error", 503: "overloaded_error"}.get(
+            status, "server_error"
+        )
+
+    def body(self) -> dict:
+        code = {401: "invalid_api_key", 404: "not_found", 503: "queue_full"}.get(self.status)
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
+
+
+@dataclass
+class CompletionRequest:
+    """One checked request: what to continue (messages or a prompt) and the DecodeOptions changes it asks for."""
+
+    kind: str  # "chat" or "text"
+    messages: list[dict] | None = None  # chat: role and text content of each message
+    prompt: str | list[int] | None = None  # text: a string or token ids
+    changes: dict = field(default_factory=dict)
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _typed(body: dict, name: str, check, kind: str) -> Any:
+    value = body.get(name)
+    if value is not None and not check(value):
+        raise RequestError(f"{name} {value!r} is not {kind}", param=name)
+    return value
+
+
+def _refuse_unsupported(body: dict, kind: str) -> None:
+    """Parameters whose effect mlxspec does not implement: a clear 400 rather than a silently different answer."""
+    if body.get("n") not in (None, 1):
+        raise RequestError(f"n {body['n']!r}: one choice per request is supported; send n=1 or repeat it", "n")
+    if (kind == "chat" and body.get("logprobs") not in (None, False)) or body.get("top_logprobs") not in (None, 0):
+        raise RequestError("logprobs are not supported yet; drop logprobs and top_logprobs", "logprobs")
+    if kind == "text" and body.get("logprobs") not in (None, 0):
+        raise RequestError("logprobs are not supported yet; drop logprobs", "logprobs")
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise RequestError(f"{name} (tool calling) are not supported yet; drop {name}", name)
+    for name, allowed in (("tool_choice", (None, "none")), ("function_call", (None, "none"))):
+        if body.get(name) not in allowed:
+            raise RequestError(f"{name} {body[name]!r}: tool calling is not supported yet; drop it", name)
+    response_format = body.get("response_format")
+    if response_format not in (None, {"type": "text"}):
+        raise RequestError("response_format other than text is not supported yet; drop it", "response_format")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise RequestError(f"{name} is not supported (it changes the model's distribution); drop it", name)
+    if body.get("logit_bias"):
+        raise RequestError("logit_bias is not supported; drop it", "logit_bias")
+    if kind == "text":
+        for name, neutral in (("echo", (None, False)), ("best_of", (None, 1)), ("suffix", (None, ""))):
+            if body.get(name) not in neutral:
+                raise RequestError(f"{name} {body[name]!r} is not supported; drop it", name)
+
+
+def _text_content(content: Any, where: str) -> str:
+    """A message's content as text: a string, or a list of text parts (other parts refused by name)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(f"{where}[{i}] is a {kind!r} part; only text parts are supported", where)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise RequestError(f"{where} must be a string or a list of text parts", where)
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise RequestError(f"{where} must be an object with role and content", where)
+        role = message.get("role")
+        if role not in ROLES:
+            detail = "tool messages need tool calling, which" if role == "tool" else f"role {role!r}"
+            raise RequestError(f"{where}: {detail} is not supported; use one of {', '.join(ROLES)}", f"{where}.role")
+        if message.get("tool_calls"):
+            raise RequestError(f"{where}: tool_calls are not supported yet", f"{where}.tool_calls")
+        out.append({"role": role, "content": _text_content(message.get("content"), f"{where}.content")})
+    return out
+
+
+def _prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt)):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise RequestError("a batch of prompts is not supported; send one prompt per request", "prompt")
+    raise RequestError("prompt must be a string or a non-empty list of token ids", "prompt")
+
+
+def _speculative(value: Any) -> dict:
+    """The mlxspec extension object: {"enabled": bool, "num_draft": int or "auto", "lookup": bool}. Speed only."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestError("speculative must be an object with enabled, num_draft and lookup", "speculative")
+    unknown = sorted(set(value) - set(SPECULATIVE_KEYS))
+    if unknown:
+        raise RequestError(f"speculative.{unknown[0]} is unknown; use {', '.join(SPECULATIVE_KEYS)}", "speculative")
+    for name in ("enabled", "lookup"):
+        if name in value and not isinstance(value[name], bool):
+            raise RequestError(f"speculative.{name} {value[name]!r} is not a boolean", f"speculative.{name}")
+    return {SPECULATIVE_KEYS[k]: v for k, v in value.items()}
+
+
+def parse_request(body: Any, kind: str) -> CompletionRequest:
+    """Check a decoded JSON body of /v1/chat/completions (kind "chat") or /v1/completions ("text")."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    _refuse_unsupported(body, kind)
+    _typed(body, "model", lambda v: isinstance(v, str), "a string")
+    stream = _typed(body, "stream", lambda v: isinstance(v, bool), "a boolean") or False
+    stream_options = _typed(body, "stream_options", lambda v: isinstance(v, dict), "an object") or {}
+    include_usage = stream_options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise RequestError("stream_options.include_usage must be a boolean", "stream_options")
+    changes: dict[str, Any] = {}
+    for name in ("temperature", "top_p", "min_p"):
+        if _typed(body, name, _is_number, "a number") is not None:
+            changes[name] = float(body[name])
+    for name in ("top_k", "seed"):
+        if _typed(body, name, _is_int, "a whole number") is not None:
+            changes[name] = int(body[name])
+    for name in ("max_completion_tokens", "max_tokens"):  # the newer name wins when both are sent
+        value = _typed(body, name, _is_int, "a whole number")
+        if value is not None and "max_tokens" not in changes:
+            if value < 1:
+                raise RequestError(f"{name} {value} must be at least 1", name)
+            changes["max_tokens"] = value
+    stop = body.get("stop")
+    if stop is not None:
+        if not (isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
+            raise RequestError(f"stop {stop!r} must be a string or a list of strings", "stop")
+        changes["stop"] = [s for s in ([stop] if isinstance(stop, str) else stop) if s]
+    changes.update(_speculative(body.get("speculative")))
+    request = CompletionRequest(kind, stream=stream, include_usage=include_usage, changes=changes)
+    if kind == "chat":
+        request.messages = _messages(body)
+    else:
+        request.prompt = _prompt(body)
+    return request
+
+
+# DecodeOptions' names, as its one-line refusals start with them, and the request parameters that set them.
+OPTION_PARAMS = {
+    "max_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "seed": "seed",
+    "stop": "stop",
+    "num_draft": "speculative.num_draft",
+}
+
+
+def param_named(message: str, prompt_param: str) -> str | None:
+    """The request parameter a DecodeOptions or prompt refusal is about: its message starts with the option's name,
+    or speaks of the prompt (messages for chat)."""
+    first = message.split(" ", 1)[0]
+    if first in OPTION_PARAMS:
+        return OPTION_PARAMS[first]
+    return prompt_param if "prompt" in message or "chat template" in message else None
+
+
+def usage(stats: Stats) -> dict:
+    """OpenAI's usage object, with the reused prefix as prompt_tokens_details.cached_tokens and the speculative
+    statistics as an extension."""
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
+        "speculative": {
+            "mode": stats.mode,
+            "num_draft": stats.num_draft,
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "acceptance_rate": round(stats.acceptance_rate, 4),
+            "tokens_per_target_call": round(stats.tokens_per_target_call, 4),
+            "tokens_per_second": round(stats.tokens_per_second, 2),
+            "prompt_seconds": round(stats.prompt_seconds, 4),
+            "prompt_cache": stats.prompt_cache,
+            "reused_tokens": stats.reused_tokens,
+            "seed": stats.seed,
+            "note": stats.note,
+        },
+    }
+
+
+def completion(kind: str, rid: str, created: int, model: str, text: str, finish: str | None, stats: Stats) -> dict:
+    """The whole (non-streamed) response."""
+    if kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    obj = "chat.completion" if kind == "chat" else "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage(stats)}
+
+
+def chunk(kind: str, rid: str, created: int, model: str, text: str | None, finish: str | None, first: bool) -> dict:
+    """One streamed chunk; the first chat chunk carries the assistant role."""
+    if kind == "chat":
+        delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice, obj = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}, "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+
+def usage_chunk(kind: str, rid: str, created: int, model: str, stats: Stats) -> dict:
+    """stream_options.include_usage: the last chunk, with no choices and the run's usage."""
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(stats)}

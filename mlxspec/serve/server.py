@@ -1,0 +1,294 @@
+"""`mlxspec serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn) in front of one Speculator.
+
+One worker thread owns MLX: it loads the model, then runs requests one at a time in arrival order (speculative
+decoding's regime, batch 1), keeping the prompt cache between them so a resent conversation prefills only its new
+turn. The HTTP handlers check, tokenize, queue and relay; a full queue answers 503, and a client that goes away
+stops its generation at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import queue
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from mlxspec.serve import openai_api as wire
+from mlxspec.chat_template import encode_messages
+from mlxspec.errors import UserError
+from mlxspec.serve.openai_api import CompletionRequest, RequestError
+from mlxspec.options import DecodeOptions
+
+POLL_SECONDS = 0.25  # how often a waiting handler checks whether its client is still there
+
+
+@dataclass
+class ServeConfig:
+    model_id: str  # what /v1/models lists and every response names
+    api_key: str | None = None
+    max_queue: int = 16  # requests waiting behind the running one; more get 503
+    max_context: int | None = None  # longest prompt in tokens a request may send (None: the model's context)
+    verbose: bool = False
+
+
+class Job:
+    """One request's generation: the worker emits (kind, payload) events onto the handler's event loop."""
+
+    def __init__(self, tokens: list[int], options: DecodeOptions, loop: asyncio.AbstractEventLoop):
+        self.tokens, self.options, self.loop = tokens, options, loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()  # set by the handler when its client is gone
+
+    def emit(self, kind: str, payload: Any = None) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+
+
+class Worker:
+    """The thread that loads the Speculator and runs jobs FIFO. Events: chunk (a Chunk), done (Stats), error."""
+
+    def __init__(self, load: Callable[[], Any], max_queue: int, verbose: bool = False):
+        self._load, self.verbose = load, verbose
+        self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.speculator: Any = None
+        self.busy = False
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="mlxspec-worker", daemon=True)
+
+    def start(self) -> None:
+        """Load in the worker thread (MLX state stays on one thread); a load error is raised here."""
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, job: Job) -> None:
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise RequestError(
+                f"the server is busy: {self.jobs.maxsize} requests are already waiting; retry later", status=503
+            ) from None
+
+    def _main(self) -> None:
+        try:
+            self.speculator = self._load()
+        except BaseException as error:  # reported by start(), in the main thread
+            self._error = error
+        self._ready.set()
+        while self._error is None:
+            job = self.jobs.get()
+            self.busy = True
+            try:
+                self.run(job)
+            finally:
+                self.busy = False
+
+    def run(self, job: Job) -> None:
+        if job.cancelled.is_set():  # its client left while it waited
+            return
+        spec = self.speculator
+        try:
+            # closing(): stopping early exits the generator's contexts (the verify kernel's routing) right away.
+            with contextlib.closing(spec.stream(job.tokens, job.options)) as chunks:
+                for chunk in chunks:
+                    job.emit("chunk", chunk)
+                    if job.cancelled.is_set():
+                        break
+            job.emit("done", spec.last_stats)
+            self.log(spec.last_stats, job.cancelled.is_set())
+        except UserError as error:
+            job.emit("error", RequestError(str(error)))
+        except Exception as error:
+            traceback.print_exc(file=sys.stderr)
+            if spec.prompt_cache is not None:
+                spec.prompt_cache.clear()
+            job.emit("error", RequestError(f"generation failed: {type(error).__name__}: {error}", status=500))
+
+    def log(self, stats, cancelled: bool) -> None:
+        if self.verbose:
+            end = "client gone, stopped" if cancelled else "done"
+            reuse = f"reused={stats.reused_tokens} ({stats.prompt_cache})"
+            print(f"mlxspec: {end} {reuse} {stats.line()}", file=sys.stderr, flush=True)
+
+
+def sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+class OpenAIServer:
+    """The HTTP endpoints; each method is one route."""
+
+    def __init__(self, worker: Worker, config: ServeConfig):
+        self.worker, self.config = worker, config
+        self.created = int(time.time())
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self.health),
+            Route("/v1/models", self.models),
+            Route("/v1/models/{model_id:path}", self.model),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
+        handlers = {RequestError: self.refuse, HTTPException: self.http_error}
+        return Starlette(routes=routes, exception_handlers=handlers)
+
+    async def refuse(self, request: Request, error: RequestError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    async def http_error(self, request: Request, error: HTTPException) -> JSONResponse:
+        return await self.refuse(
+            request,
+            RequestError(
+                f"{request.method} {request.url.path}: {error.detail}", None, error.status_code, "invalid_request_error"
+            ),
+        )
+
+    def authorize(self, request: Request) -> None:
+        if self.config.api_key is None:
+            return
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), self.config.api_key.encode()):
+            raise RequestError("a missing or wrong API key; send Authorization: Bearer <key>", status=401)
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": self.config.model_id,
+                "busy": self.worker.busy,
+                "waiting": self.worker.jobs.qsize(),
+            }
+        )
+
+    def model_card(self) -> dict:
+        return {"id": self.config.model_id, "object": "model", "created": self.created, "owned_by": "mlxspec"}
+
+    async def models(self, request: Request) -> JSONResponse:
+        self.authorize(request)
+        return JSONResponse({"object": "list", "data": [self.model_card()]})
+
+    async def model(self, request: Request) -> JSONResponse:
+        self.authorize(request)
+        return JSONResponse(self.model_card())
+
+    async def chat_completions(self, request: Request):
+        return await self.complete(request, "chat")
+
+    async def completions(self, request: Request):
+        return await self.complete(request, "text")
+
+    async def complete(self, request: Request, kind: str):
+        self.authorize(request)
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise RequestError(f"the request body is not valid JSON ({error})") from None
+        parsed = wire.parse_request(body, kind)
+        tokens, options = await run_in_threadpool(self.prepare, parsed)
+        job = Job(tokens, options, asyncio.get_running_loop())
+        self.worker.submit(job)
+        first = await self.next_event(job, request)  # waits out the queue
+        if first is None:
+            return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
+        if first[0] == "error":
+            raise first[1]
+        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        if parsed.stream:
+            return StreamingResponse(self.stream(job, parsed, rid, first), media_type="text/event-stream")
+        return JSONResponse(await self.collect(job, parsed, rid, first, request))
+
+    def prepare(self, parsed: CompletionRequest) -> tuple[list[int], DecodeOptions]:
+        """Tokens and options of a request, or a 400 naming what is wrong (runs in a thread: tokenizing takes time)."""
+        spec = self.worker.speculator
+        where = "messages" if parsed.kind == "chat" else "prompt"
+        try:
+            options = spec.options.updated(chat=False, **parsed.changes).validate(spec.vocab_size)
+            if parsed.kind == "chat":
+                tokens = encode_messages(spec.tokenizer, parsed.messages, self.config.model_id)
+            else:
+                tokens = spec.encode(parsed.prompt)
+        except UserError as error:
+            raise RequestError(str(error), param=wire.param_named(str(error), where)) from None
+        context = min(c for c in (spec.target.context_length, self.config.max_context, 2**62) if c)
+        if len(tokens) >= context:
+            raise RequestError(
+                f"the prompt has {len(tokens)} tokens but this server's context is {context}; shorten it", where
+            )
+        return tokens, options
+
+    async def next_event(self, job: Job, request: Request) -> tuple[str, Any] | None:
+        """The worker's next event, or None (and the job cancelled) once the client has disconnected."""
+        while True:
+            try:
+                return await asyncio.wait_for(job.events.get(), POLL_SECONDS)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancelled.set()
+                    return None
+
+    async def collect(self, job: Job, parsed: CompletionRequest, rid: str, event, request: Request) -> dict:
+        pieces, finish = [], None
+        while event is not None:
+            kind, payload = event
+            if kind == "error":
+                raise payload
+            if kind == "done":
+                return wire.completion(
+                    parsed.kind, rid, self.created, self.config.model_id, "".join(pieces), finish, payload
+                )
+            pieces.append(payload.text)
+            finish = payload.finish_reason or finish
+            event = await self.next_event(job, request)
+        return {}  # disconnected: the worker stops at its next step
+
+    async def stream(self, job: Job, parsed: CompletionRequest, rid: str, event) -> AsyncIterator[str]:
+        """Server-sent events; a client that disconnects cancels this generator, which cancels the job."""
+        model, first = self.config.model_id, True
+        try:
+            while True:
+                kind, payload = event
+                if kind == "error":
+                    yield sse(payload.body())
+                    return
+                if kind == "done":
+                    if parsed.include_usage:
+                        yield sse(wire.usage_chunk(parsed.kind, rid, self.created, model, payload))
+                    yield sse("[DONE]")
+                    return
+                if payload.text or first:
+                    yield sse(wire.chunk(parsed.kind, rid, self.created, model, payload.text, None, first))
+                    first = False
+                if payload.finish_reason:
+                    yield sse(wire.chunk(parsed.kind, rid, self.created, model, None, payload.finish_reason, False))
+                event = await job.events.get()
+        finally:
+            job.cancelled.set()  # a no-op once the job is done
+
+
+def serve(load: Callable[[], Any], config: ServeConfig, host: str, port: int) -> None:
+    """Load (in the worker thread), then serve until interrupted."""
+    import uvicorn
+
+    worker = Worker(load, config.max_queue, config.verbose)
+    worker.start()
+    app = OpenAIServer(worker, config).app()
+    print(f"mlxspec: serving {config.model_id} at http://{host}:{port}/v1 (OpenAI API)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=1)
