@@ -52,7 +52,7 @@ LOAD_KEYS = (
 def load(
     model: str | Path | None = None,
     draft: str | Path | None = "auto",
-    num_draft: int | str = "auto",
+    num_draft: int | str | None = None,
     quantize_target: int | None = None,
     kv_bits: int | None = None,
     draft_window: int | None = None,
@@ -68,15 +68,16 @@ def load(
 
     draft="auto": the embedded draft with the embedded target; with any other target no draft model, and prompt
     lookup drafts instead (free, and skipped where it cannot pay). draft=None: no drafter unless options ask.
-    num_draft, kv_bits and draft_window become the default DecodeOptions of every call. eagle: a directory written
+    `options` are the default DecodeOptions of every call; num_draft, kv_bits and draft_window, where given, replace
+    theirs (None keeps what `options` say; without `options`, num_draft is "auto"). eagle: a directory written
     by `train-heads --kind eagle`; mtp: True for the native MTP head in the model's own files, or a directory or
     repo of the original checkpoint that holds it. prompt_cache=N: keep the caches of the last N runs, so a next
     prompt sharing a prefix with one of them (a conversation) prefills only the rest. distributed="tensor" or
     "pipeline": under `mlx.launch`, split the target across the ranks (the drafter is replicated; -k auto becomes 4,
     since each rank would measure its own cost curve).
     """
-    options = (options or DecodeOptions()).updated(num_draft=num_draft, kv_bits=kv_bits, draft_window=draft_window)
-    options = options.validate()
+    given = {"num_draft": num_draft, "kv_bits": kv_bits, "draft_window": draft_window}
+    options = (options or DecodeOptions()).updated(**{k: v for k, v in given.items() if v is not None}).validate()
     for name, bits in (("quantize_target", quantize_target), ("draft_bits", draft_bits)):
         if bits not in (None, 4, 8):
             raise UserError(f"{name} {bits!r} is not supported; use 4 or 8")

@@ -126,6 +126,8 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
             p["auto"],
             report=lambda line: echo(line, err=True),
         )
+    # The plan may have changed the KV bits or the draft window: they travel on in the options, once.
+    options = options.updated(kv_bits=settings.pop("kv_bits"), draft_window=settings.pop("draft_window"))
     import warnings
 
     warnings.simplefilter("ignore", SlowBLASWarning)  # the CLI says these its own way, in report()
@@ -133,7 +135,6 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
     speculator = load(
         model,
         draft_arg,
-        num_draft=options.num_draft,
         medusa=p["medusa_path"],
         eagle=p.get("eagle_path"),
         mtp=True if p.get("mtp_source") == MTP_IN_MODEL else p.get("mtp_source"),

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from mlxspec.decoding.draft import Draft
 from mlxspec.decoding.sampling import sample
+from mlxspec.decoding.trees import accept_tree_samples
 
 
 def residual_distribution(target_probs: mx.array, draft_probs: mx.array) -> mx.array:
@@ -69,3 +71,34 @@ def accept_deterministic_chain(draft_tokens: mx.array, target_samples: mx.array)
     matches = (draft_tokens == target_samples[: draft_tokens.shape[0]]).astype(mx.int32)
     num_accepted = mx.cumprod(matches).sum().astype(mx.int32)
     return num_accepted, target_samples[num_accepted]
+
+
+def pad_vocab(probs: mx.array, vocab_size: int) -> mx.array:
+    """Zero-pad distributions to vocab_size, so a target and draft with differently padded embeddings compare."""
+    missing = vocab_size - probs.shape[-1]
+    if missing <= 0:
+        return probs
+    return mx.concatenate([probs, mx.zeros((*probs.shape[:-1], missing), probs.dtype)], axis=-1)
+
+
+def accept_sampled_chain(draft: Draft, target_probs: mx.array, key: mx.array, greedy: bool) -> list[mx.array]:
+    """[num_accepted [1], next_token [1]] for a sampled chain by Leviathan/Chen rejection sampling (accept_chain);
+    the draft's and the target's distributions are padded to one vocabulary first."""
+    vocab = max(target_probs.shape[-1], draft.probs.shape[-1])
+    num_accepted, next_token = accept_chain(
+        draft.tokens, pad_vocab(draft.probs, vocab), pad_vocab(target_probs, vocab), key, greedy
+    )
+    return [num_accepted[None], next_token[None]]
+
+
+def accept_node_samples(draft: Draft, pending: list[int], samples: mx.array) -> list[mx.array]:
+    """[deepest accepted node [1], next token [1]] for a deterministic chain or tree, from one target draw per node
+    (`pending`: the token fed ahead of the draft, the tree's root)."""
+    shape = draft.tree
+    if shape.is_chain:
+        deepest, next_token = accept_deterministic_chain(draft.tokens, samples)
+    else:
+        node_tokens = mx.concatenate([mx.array(pending, dtype=mx.int32), draft.tokens])
+        parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
+        deepest, next_token = accept_tree_samples(node_tokens, parents, samples, shape.max_depth)
+    return [deepest[None], next_token[None]]

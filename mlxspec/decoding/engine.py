@@ -9,14 +9,13 @@ from typing import Protocol
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxspec.decoding.acceptance import accept_chain, accept_deterministic_chain
+from mlxspec.decoding.acceptance import accept_node_samples, accept_sampled_chain
 from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.cache.recurrent import Snapshot, recurrent_leaves, rewind, snapshot
 from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
 from mlxspec.decoding.target_features import forward_with_hidden
 from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
-from mlxspec.decoding.trees import accept_tree_samples
 
 
 class Ranks(Protocol):
@@ -33,14 +32,6 @@ class Ranks(Protocol):
 def to_host(values: mx.array) -> list[int]:
     """The engine's host sync: one per step, two on sharded ranks (distributed.same_draft); tests count calls."""
     return values.tolist()
-
-
-def pad_vocab(probs: mx.array, vocab_size: int) -> mx.array:
-    """Zero-pad distributions to vocab_size, so a target and draft with differently padded embeddings compare."""
-    missing = vocab_size - probs.shape[-1]
-    if missing <= 0:
-        return probs
-    return mx.concatenate([probs, mx.zeros((*probs.shape[:-1], missing), probs.dtype)], axis=-1)
 
 
 @dataclass
@@ -137,6 +128,7 @@ class SpeculativeEngine:
 
         reused: the target cache already holds prompt[:reused] (kept from an earlier run); drafter_reused: the
         drafter's state already covers that many (see Drafter.reusable)."""
+        self.mid_step = True  # until the prompt is in: an exception in between leaves the caches half-fed
         self.position, self.history = reused, list(prompt)
         todo = list(prompt[reused:-1])
         hidden = []
@@ -159,6 +151,7 @@ class SpeculativeEngine:
                 self.drafter.prefill(prompt)
             if self.wants_hidden:  # every prompt row but the pending token's (none for a one-token prompt)
                 self.drafter.set_hidden(mx.concatenate(hidden) if hidden else None)
+        self.mid_step = False
 
     def kept_state(self) -> EngineState | None:
         """The state a finished or stopped run hands to the prompt cache; None after a step that failed midway (its
@@ -351,12 +344,12 @@ class SpeculativeEngine:
         self._mark("verify", logits)
         target_probs, short = to_probs_checked(logits, self.sampling)
         self._mark("target probs", target_probs)
-        accepted = self._accept_chain(draft, target_probs, key)
+        accepted = accept_sampled_chain(draft, target_probs, key, self.sampling.greedy)
         values = self._host(mx.concatenate([*accepted, short.any()[None].astype(mx.int32), draft.tokens]))
         if values[2]:  # rare: a target row's top-p set reached past its ranked candidates; redo, same key
             self.sorted_fallbacks += 1
             values[:2] = self._host(
-                mx.concatenate(self._accept_chain(draft, to_probs_sorted(logits, self.sampling), key))
+                mx.concatenate(accept_sampled_chain(draft, to_probs_sorted(logits, self.sampling), key, self.sampling.greedy))
             )
         num_accepted, next_token, proposed = values[0], values[1], values[3:]
         self._mark("accept")
@@ -364,25 +357,6 @@ class SpeculativeEngine:
         self.pending = [next_token]
         kept = list(range(1, num_accepted + 1))
         return StepResult(proposed[:num_accepted] + [next_token], num_draft, num_accepted, proposed, kept)
-
-    def _accept_chain(self, draft: Draft, target_probs: mx.array, key: mx.array) -> list[mx.array]:
-        """[num_accepted [1], next_token [1]] by Leviathan/Chen rejection sampling (acceptance.accept_chain)."""
-        vocab = max(target_probs.shape[-1], draft.probs.shape[-1])
-        num_accepted, next_token = accept_chain(
-            draft.tokens, pad_vocab(draft.probs, vocab), pad_vocab(target_probs, vocab), key, self.sampling.greedy
-        )
-        return [num_accepted[None], next_token[None]]
-
-    def _accept_samples(self, draft: Draft, samples: mx.array) -> list[mx.array]:
-        """[deepest accepted node [1], next token [1]] from one target draw per node."""
-        shape = draft.tree
-        if shape.is_chain:
-            deepest, next_token = accept_deterministic_chain(draft.tokens, samples)
-        else:
-            node_tokens = mx.concatenate([mx.array(self.pending, dtype=mx.int32), draft.tokens])
-            parents = mx.array([0, *shape.parents[1:]], dtype=mx.int32)
-            deepest, next_token = accept_tree_samples(node_tokens, parents, samples, shape.max_depth)
-        return [deepest[None], next_token[None]]
 
     def _verify_deterministic(self, draft: Draft, key: mx.array | None) -> StepResult:
         """A deterministic chain or tree (greedy drafts, prompt lookup, top-k trees, Medusa), verified node by node.
@@ -399,12 +373,12 @@ class SpeculativeEngine:
         samples, short = self._target_samples(logits, key)
         self._mark("target probs", samples)
         values = self._host(
-            mx.concatenate([*self._accept_samples(draft, samples), short[None].astype(mx.int32), draft.tokens])
+            mx.concatenate([*accept_node_samples(draft, self.pending, samples), short[None].astype(mx.int32), draft.tokens])
         )
         if values[2]:  # rare: some row ranked too few candidates; redraw every row from the whole vocabulary, same key
             self.sorted_fallbacks += 1
             samples = self._target_samples(logits, key, ranked=True)[0]
-            values[:2] = self._host(mx.concatenate(self._accept_samples(draft, samples)))
+            values[:2] = self._host(mx.concatenate(accept_node_samples(draft, self.pending, samples)))
         deepest, next_token, proposed = values[0], values[1], values[3:]
         self._mark("accept")
         path = shape.path_to(deepest)

@@ -44,31 +44,22 @@ class PerTokenRoPE(nn.Module):
         return self.inner(x.swapaxes(0, 2), offset=positions).swapaxes(0, 2)
 
 
-# The modules that hold a `rope`, found once per model: walking every module costs about 2 ms a tree step on a
-# 24-layer model. Weak references, so a dropped model is not kept alive by the cache.
-_ROPE_OWNERS: dict[int, tuple[weakref.ref, list[weakref.ref]]] = {}
+CONTEXT_KEY = "_mlxspec_tree_context"  # in a model's __dict__ (not its parameters): the TreeContext its wrappers read
 
 
-def rope_owners(model: nn.Module) -> list[dict]:
-    entry = _ROPE_OWNERS.get(id(model))
-    if entry is not None and entry[0]() is model:
-        owners = [ref() for ref in entry[1]]
-        if all(owner is not None for owner in owners):
-            return owners
-    owners = [m for _, m in model.named_modules() if isinstance(m, dict) and isinstance(m.get("rope"), nn.Module)]
-    _ROPE_OWNERS[id(model)] = (weakref.ref(model), [weakref.ref(owner) for owner in owners])
-    return owners
-
-
-def wrap_ropes(model: nn.Module, context: TreeContext) -> list[tuple[dict, nn.Module]]:
-    """Wrap every attention's `rope` for one pass; returns (module, original rope) pairs to put back."""
-    wrapped = []
-    for module in rope_owners(model):
-        rope = module["rope"]
-        if not isinstance(rope, PerTokenRoPE):
-            module["rope"] = PerTokenRoPE(rope, context)
-            wrapped.append((module, rope))
-    return wrapped
+def tree_context(model: nn.Module) -> TreeContext:
+    """The model's TreeContext. On first use every attention's `rope` is wrapped (once per model, walking the module
+    tree once); the wrappers pass through to the original RoPE whenever the context is empty, i.e. outside a tree
+    pass, so plain forwards on the model are unchanged."""
+    context = model.__dict__.get(CONTEXT_KEY)
+    if context is None:
+        context = TreeContext()
+        for _, module in model.named_modules():
+            rope = module.get("rope") if isinstance(module, dict) else None
+            if isinstance(rope, nn.Module) and not isinstance(rope, PerTokenRoPE):
+                module["rope"] = PerTokenRoPE(rope, context)
+        model.__dict__[CONTEXT_KEY] = context
+    return context
 
 
 def _stored_start(layer_cache: Any, num_new: int) -> int:
@@ -98,18 +89,17 @@ def _tree_make_mask(
 
 @contextmanager
 def tree_verification(model: nn.Module, cache: list[Any], shape: TreeShape, prefix_length: int):
-    """Within this block, a forward over shape.size tokens attends as the tree says; afterwards the model and its
-    caches are exactly as before (nothing stays patched)."""
-    context = TreeContext(prefix_length + mx.array(shape.depths), ancestor_mask(shape))
-    wrapped = wrap_ropes(model, context)
+    """Within this block, a forward over shape.size tokens attends as the tree says; afterwards the caches are as
+    before and the model's RoPE wrappers (installed once, tree_context) pass through again."""
+    context = tree_context(model)
+    context.positions, context.mask = prefix_length + mx.array(shape.depths), ancestor_mask(shape)
     attention = [c for c in leaf_caches(cache) if not is_recurrent(c)]
     for layer_cache in attention:
         layer_cache.make_mask = partial(_tree_make_mask, layer_cache, context)  # instance attribute wins
     try:
         yield
     finally:
-        for module, rope in wrapped:
-            module["rope"] = rope
+        context.positions = context.mask = None
         for layer_cache in attention:
             del layer_cache.make_mask
 

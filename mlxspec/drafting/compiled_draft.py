@@ -10,6 +10,7 @@ The draft only proposes; whatever it computes, verification keeps the output exa
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import partial
 from typing import Any
 
@@ -23,6 +24,7 @@ from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs
 # What tracing the compiled draft chain raises on a family it cannot cover (an attention that reads a cache
 # method the static cache lacks, or evaluates during the trace).
 UNTRACEABLE = (AttributeError, TypeError, ValueError)
+MAX_CHAINS = 8  # compiled chains kept per draft model (least recently used dropped): each holds its traces
 CAPACITY_STEP = 256  # buffers grow in steps of this many positions; each capacity is one more trace
 
 
@@ -110,10 +112,14 @@ def shared_chain(model: nn.Module, sampling: SamplingConfig, tree_topk: int):
     the same traces instead of tracing its own (a few milliseconds each; a server builds a drafter per request).
     Kept in the model's attribute dict, beside its parameters rather than among them. A trace holds the weights it
     was traced with, so the key names them: weights replaced by `update` or `load_weights` trace anew."""
-    chains = model.__dict__.setdefault("_mlxspec_compiled_chains", {})
+    chains: OrderedDict = model.__dict__.setdefault("_mlxspec_compiled_chains", OrderedDict())
     key = (sampling, tree_topk, tuple(id(w) for _, w in tree_flatten(model.parameters())))
-    if key not in chains:
+    if key in chains:
+        chains.move_to_end(key)
+    else:
         chains[key] = mx.compile(partial(chain_graph, model, sampling, tree_topk))
+        while len(chains) > MAX_CHAINS:  # a server whose requests vary temperature or top-p: drop the oldest
+            chains.popitem(last=False)
     return chains[key]
 
 

@@ -22,7 +22,7 @@ from mlxspec.drafting.compiled_draft import pick_draft_token
 from mlxspec.decoding.draft import Draft, Drafter, common_prefix
 from mlxspec.drafting.feature_head import HeadOnTarget
 from mlxspec.decoding.sampling import SamplingConfig
-from mlxspec.decoding.tree_attention import TreeContext, wrap_ropes
+from mlxspec.decoding.tree_attention import tree_context
 from mlxspec.decoding.trees import TreeShape
 
 
@@ -111,8 +111,7 @@ class FeatureDrafter(Drafter):
         frontier_features = mx.broadcast_to(feature, (beam, feature.shape[-1]))
         ancestors = mx.zeros((beam, 0), dtype=mx.bool_)  # which fed draft rows each frontier row may read
         offset = 0  # candidate id of the first candidate of the current depth
-        context = TreeContext()
-        wrapped = wrap_ropes(self.wired.head, context)
+        context = tree_context(self.wired.head)  # the head's RoPE wrappers, installed once
         try:
             for d in range(1, depth):
                 ids = frontier - offset
@@ -134,8 +133,7 @@ class FeatureDrafter(Drafter):
                 frontier_features = produced[0][slot]
                 ancestors = ancestors[slot]
         finally:
-            for module, rope in wrapped:
-                module["rope"] = rope
+            context.positions = None  # the wrappers pass through again
         tokens = mx.concatenate(cand_tokens)
         values = mx.concatenate([tokens, mx.concatenate(cand_parents)]).tolist()
         scores = np.array(mx.concatenate(cand_scores).astype(mx.float32))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 from mlxspec.errors import UserError
@@ -57,8 +58,22 @@ def parse_size(text: str) -> int:
     return size
 
 
+def _mlx_backend_without_importing_it() -> str:
+    """"gpu" where MLX's CUDA build is installed, else "cpu": read from the installed distributions, so a plan on
+    Linux never imports MLX."""
+    from importlib.metadata import distributions
+
+    names = (d.metadata.get("Name", "") or "" for d in distributions())
+    return "gpu" if any(name.lower().startswith("mlx-cuda") for name in names) else "cpu"
+
+
 def live_device() -> Device:
-    """The machine this runs on: Apple's working-set limit where MLX reports it, else 3/4 of physical RAM."""
+    """The machine this runs on: Apple's working-set limit where MLX reports it (macOS asks Metal, through MLX),
+    else 3/4 of physical RAM (Linux: without importing MLX)."""
+    if sys.platform != "darwin":
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        note = "3/4 of physical RAM (no GPU working-set limit here)"
+        return Device("this machine", ram, int(ram * 0.75), note, _mlx_backend_without_importing_it())
     import mlx.core as mx
 
     info = mx.device_info() if hasattr(mx, "device_info") else {}
