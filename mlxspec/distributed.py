@@ -24,10 +24,10 @@ import mlx.nn as nn
 from mlxspec.cache.rollback import model_family, recurrent_family
 from mlxspec.decoding.draft import Draft
 from mlxspec.decoding.engine import to_host
-from mlxspec.errors import UserError
-from mlxspec.plan.rank_split import MODES, RankSplit, check_split, num_layers
 from mlxspec.decoding.target_features import text_model
 from mlxspec.decoding.trees import TreeShape
+from mlxspec.errors import UserError
+from mlxspec.plan.rank_split import MODES, RankSplit, check_split, num_layers
 
 LAUNCH = "mlx.launch -n 2 --backend ring --python PYTHON LAUNCHER generate ... --distributed MODE"
 

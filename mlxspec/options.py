@@ -40,7 +40,6 @@ class SamplingConfig:
             raise UserError(f"min_p {self.min_p} is outside [0, 1]; use 0 to disable it")
 
 
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 

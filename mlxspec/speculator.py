@@ -9,18 +9,18 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxspec.kernels import verify as verify_kernel
 from mlxspec.cache.rollback import CacheSpec, rollback_room
 from mlxspec.chat_template import encode_messages
-from mlxspec.decoding.draft import Drafter
-from mlxspec.drafting.draft_model import DraftModelDrafter
-from mlxspec.drafting.lookup import PromptLookupDrafter
-from mlxspec.drafting.factory import make_drafter
 from mlxspec.decoding.assembly import build_engine
+from mlxspec.decoding.draft import Drafter
+from mlxspec.decoding.prompt_cache import PromptCache, Reuse
+from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.drafting.factory import make_drafter
+from mlxspec.drafting.lookup import PromptLookupDrafter
 from mlxspec.errors import UserError
+from mlxspec.kernels import verify as verify_kernel
 from mlxspec.loading import LoadedModel, check_compatible
 from mlxspec.options import DecodeOptions
-from mlxspec.decoding.prompt_cache import PromptCache, Reuse
 from mlxspec.results import Chunk, GenerationResult, Stats
 from mlxspec.text import TextStream
 

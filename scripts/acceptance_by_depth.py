@@ -13,13 +13,13 @@ import json
 
 import mlx.core as mx
 
-from mlxspec.kernels import verify as verify_kernel
 from mlxspec.bench.runner import heldout_prompts
-from mlxspec.drafting.factory import make_drafter
 from mlxspec.decoding.assembly import build_engine
+from mlxspec.drafting.factory import make_drafter
 from mlxspec.drafting.feature_head import load_head
-from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 from mlxspec.drafting.medusa import load_medusa
+from mlxspec.kernels import verify as verify_kernel
+from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 from mlxspec.options import DecodeOptions
 
 

@@ -23,9 +23,9 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from tiny import make_tiny  # noqa: E402
 
-from mlxspec.kernels import verify as verify_kernel  # noqa: E402
-from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.assembly import build_engine  # noqa: E402
+from mlxspec.decoding.draft import Draft, Drafter
+from mlxspec.kernels import verify as verify_kernel  # noqa: E402
 from mlxspec.options import DecodeOptions  # noqa: E402
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]

@@ -17,9 +17,9 @@ import time
 
 import mlx.core as mx
 
-from mlxspec.kernels import verify as verify_kernel
 from mlxspec.decoding.acceptance import accept_chain
 from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs, to_probs_checked, to_probs_sorted
+from mlxspec.kernels import verify as verify_kernel
 
 VOCABS = (32000, 128256, 151936, 262144)
 K = 4
@@ -88,8 +88,8 @@ LOGIT_GAIN = 12.0
 def model_split(engines: list, steps: int = 12) -> dict[str, float]:
     from mlx_lm.utils import _get_classes
 
-    from mlxspec.drafting.factory import make_drafter
     from mlxspec.decoding.assembly import build_engine
+    from mlxspec.drafting.factory import make_drafter
     from mlxspec.options import DecodeOptions
 
     def build(config: dict, seed: int):

@@ -14,11 +14,11 @@ import argparse
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxspec.kernels import verify as verify_kernel
+from mlxspec.bench.widen import WidenSpec, widen
 from mlxspec.decoding.costs import _time_forward
+from mlxspec.kernels import verify as verify_kernel
 from mlxspec.loading import DEFAULT_TARGET, load_model
 from mlxspec.platform import blas_in_use
-from mlxspec.bench.widen import WidenSpec, widen
 
 SIZES = (1, 2, 4, 8, 16)
 

@@ -206,7 +206,7 @@ def eagle_section(meta: dict, sizes: dict) -> list[str]:
         "cp runs/eagle/eagle.safetensors runs/eagle/eagle_config.json models/eagle/  # the rest is the run data\n```",
         "",
         "Minutes are wall-clock on this 2-core machine, which ran tests beside the job at times. Acceptance measured "
-        "through the engine on file openings (harder than these windows) is in the main README, under Measured.",
+        "through the engine on file openings (harder than these windows) is in docs/benchmarks.md.",
         "",
     ]
     return out

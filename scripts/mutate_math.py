@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("acceptance.py", "trees.py")
+FILES = ("decoding/acceptance.py", "decoding/trees.py")
 TESTS = [
     "tests/test_acceptance.py",
     "tests/test_trees.py",
@@ -114,7 +114,9 @@ def check_the_copy_is_what_runs(workdir: Path) -> None:
     """A mutant that breaks import must be caught: otherwise the tests are not running the copy."""
     copy = workdir / "sentinel"
     shutil.copytree(ROOT / "mlxspec", copy / "mlxspec", ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "mlxspec" / "acceptance.py").write_text("raise ImportError('the mutated copy is the one imported')\n")
+    (copy / "mlxspec" / "decoding" / "acceptance.py").write_text(
+        "raise ImportError('the mutated copy is the one imported')\n"
+    )
     shutil.copytree(ROOT / "tests", copy / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
     env = dict(os.environ, PYTHONPATH=str(copy), MLXSPEC_NO_OPENBLAS="1")

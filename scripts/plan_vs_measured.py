@@ -17,12 +17,12 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.utils import _get_classes
 
-from mlxspec.plan.devices import Device
-from mlxspec.drafting.factory import make_drafter
 from mlxspec.decoding.assembly import build_engine
+from mlxspec.drafting.factory import make_drafter
 from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
-from mlxspec.plan.metadata import ModelMetadata, load_metadata
 from mlxspec.options import DecodeOptions
+from mlxspec.plan.devices import Device
+from mlxspec.plan.metadata import ModelMetadata, load_metadata
 from mlxspec.plan.planner import PlanRequest, make_plan
 
 GENERATED, NUM_DRAFT = 32, 4

@@ -1,5 +1,5 @@
 """Run the family sweep (tests/family_sweep.py) over every model family the installed mlx-lm ships and write the
-coverage table: docs/families.json, docs/families.md, and README's table between its sweep markers.
+coverage table: docs/families.json, and docs/families.md's table between its sweep markers.
 
 Usage: python scripts/sweep_families.py [FAMILY ...]   (default: all; each family in its own process, 2 at a time)
 """
@@ -63,11 +63,9 @@ def main() -> None:
         "`python scripts/sweep_families.py`; the same sweep runs in CI (tests/test_families.py)."
     )
     body = header + "\n\n" + table(results)
-    (ROOT / "docs" / "families.md").write_text("# Model families, swept\n\n" + body + "\n")
-    readme = (ROOT / "README.md").read_text()
-    if BEGIN in readme:
-        start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
-        (ROOT / "README.md").write_text(readme[:start] + "\n" + body + "\n" + readme[end:])
+    doc = (ROOT / "docs" / "families.md").read_text()
+    start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    (ROOT / "docs" / "families.md").write_text(doc[:start] + "\n" + body + "\n" + doc[end:])
 
 
 if __name__ == "__main__":

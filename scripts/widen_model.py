@@ -12,8 +12,8 @@ from pathlib import Path
 
 from mlx_lm.utils import save_config, save_model
 
-from mlxspec.loading import DEFAULT_TARGET, load_model
 from mlxspec.bench.widen import WidenSpec, widen
+from mlxspec.loading import DEFAULT_TARGET, load_model
 
 
 def main() -> None:

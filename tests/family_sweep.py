@@ -236,8 +236,9 @@ class HintedLookup(PromptLookupDrafter):
         self.hint = list(continuation)
         self.hint[4] = (self.hint[4] + 1) % VOCAB
 
-    def prefill(self, prompt: list[int]) -> None:
-        super().prefill(prompt[-3:] + self.hint + [VOCAB - 1] * 3 + list(prompt))
+    def prefill(self, history) -> None:
+        self.reference = list(history[-3:]) + self.hint + [VOCAB - 1] * 3  # searched as if before the history
+        super().prefill(history)
 
 
 def quantizable_variant(family: str) -> nn.Module:
@@ -257,8 +258,8 @@ def quantizable_variant(family: str) -> nn.Module:
 
 def run_engine(target, drafter, prompt, kv_bits=None, num_draft=3, tree_topk=1) -> tuple[list[int], int, int]:
     """(tokens, drafted, accepted) from mlxspec's engine, greedy, through the verify kernel as the API runs it."""
-    from mlxspec.kernels import verify as verify_kernel
     from mlxspec.decoding.assembly import build_engine
+    from mlxspec.kernels import verify as verify_kernel
     from mlxspec.options import DecodeOptions
 
     options = DecodeOptions(num_draft=num_draft, kv_bits=kv_bits, tree_topk=tree_topk)
@@ -274,10 +275,10 @@ def run_engine(target, drafter, prompt, kv_bits=None, num_draft=3, tree_topk=1) 
 def run_mode(family: str, mode: str, target: nn.Module, draft: nn.Module, noise: float = 0.03) -> Outcome:
     from helpers import greedy_logit_gap, mlx_lm_greedy
 
-    from mlxspec.drafting.draft_model import DraftModelDrafter
-    from mlxspec.errors import UserError
     from mlxspec.decoding.sampling import SamplingConfig
     from mlxspec.decoding.tree_attention import tree_refusal
+    from mlxspec.drafting.draft_model import DraftModelDrafter
+    from mlxspec.errors import UserError
 
     prompt, kv_bits, tree_topk, drafter = PROMPT, None, 1, None
     try:

@@ -6,11 +6,15 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxspec.kernels import verify as verify_kernel
-from mlxspec.drafting.factory import make_drafter
 from mlxspec.decoding.assembly import build_engine
-from mlxspec.options import DecodeOptions
 from mlxspec.decoding.sampling import SamplingConfig
+from mlxspec.drafting.factory import make_drafter
+from mlxspec.kernels import verify as verify_kernel
+from mlxspec.options import DecodeOptions
+
+# Seconds. Wall-clock limits in tests guard against hangs only, never against slowness: a loaded 2-core machine
+# runs a subprocess many times slower than an idle one, and no test may fail because the machine is busy.
+HANG_LIMIT = 1800
 
 
 def speculative_tokens(

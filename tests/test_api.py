@@ -151,3 +151,44 @@ def test_every_mode_fills_the_context_to_the_same_last_token(tiny_dirs):
     assert len(plain.tokens) == context - len(prompt) + 1 and plain.finish_reason == "length"
     assert drafted.tokens == plain.tokens == looked_up.tokens
     assert plain.tokens == mlx_lm_greedy(spec.target.model, prompt, len(plain.tokens))
+
+
+def test_load_keeps_the_options_it_is_given():
+    """load(options=...) once reset num_draft, kv_bits and draft_window to its own keyword defaults."""
+    from mlxspec import DecodeOptions
+
+    given = DecodeOptions(num_draft=3, kv_bits=8, draft_window=16, temperature=0.5)
+    spec = mlxspec.load(options=given)
+    assert (spec.options.num_draft, spec.options.kv_bits, spec.options.draft_window) == (3, 8, 16)
+    assert spec.options.temperature == 0.5
+    # A keyword given beside the options replaces theirs; none given keeps the default "auto".
+    assert mlxspec.load(options=given, num_draft=2, kv_bits=4).options.num_draft == 2
+    assert mlxspec.load(options=given, num_draft=2, kv_bits=4).options.kv_bits == 4
+    assert mlxspec.load().options.num_draft == "auto"
+    result = spec.generate("import os", max_tokens=8)
+    assert result.stats.num_draft == 3
+
+
+def test_interleaved_streams_leave_the_model_as_it_was():
+    """Kernel routing is a view built once per model: streams that close out of order neither restore plain layers
+    under a running stream nor leave routed layers in the model."""
+    from mlxspec.kernels import verify as verify_kernel
+
+    spec = mlxspec.load()
+    if verify_kernel.resolve("auto")[0] is None:
+        pytest.skip("the verify kernel was not built on this machine (no C++ compiler at install)")
+    model = spec.target.model
+    layers_before = [(name, type(m), id(m)) for name, m in model.named_modules()]
+    prompt_a, prompt_b = "import os", "def fibonacci(n):"
+    options = dict(max_tokens=20, stop_at_eos=False)
+    expected_b = mlxspec.load().generate(prompt_b, **options).tokens  # the same stream, run alone
+    first = spec.stream(prompt_a, **options)
+    next(first)
+    second = spec.stream(prompt_b, **options)
+    tokens_b = next(second).tokens
+    first.close()  # the first-opened stream ends before the second
+    tokens_b += [t for chunk in second for t in chunk.tokens]
+    assert spec.last_stats.kernel.startswith("cpu (") and "0 layers" not in spec.last_stats.kernel
+    assert tokens_b == expected_b  # still routed, and exact, after the first stream closed
+    assert [(name, type(m), id(m)) for name, m in model.named_modules()] == layers_before
+    assert not any(isinstance(m, verify_kernel.VerifyLinear) for _, m in model.named_modules())

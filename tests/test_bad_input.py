@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import HANG_LIMIT
 from tiny import save_tiny_model_dir
 
 import mlxspec
@@ -160,7 +161,7 @@ def test_invalid_utf8_in_argv_is_replaced_and_reported(tiny_dirs):
         + ["--max-tokens", "3"],
         capture_output=True,
         env={"MLXSPEC_NO_OPENBLAS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tiny_dirs["target"].parent)},
-        timeout=120,
+        timeout=HANG_LIMIT,
     )
     err = proc.stderr.decode()
     assert proc.returncode == 0 and "Traceback" not in err and "replaced with U+FFFD" in err
@@ -254,7 +255,7 @@ def test_writing_to_a_full_disk_is_one_line(tiny_dirs):
             stderr=subprocess.PIPE,
             text=True,
             env={"MLXSPEC_NO_OPENBLAS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tiny_dirs["target"].parent)},
-            timeout=120,
+            timeout=HANG_LIMIT,
         )
     assert_one_line((proc.returncode, "", proc.stderr), "cannot write the output: No space left on device")
 
@@ -326,8 +327,8 @@ def test_module_generate_takes_every_load_keyword(tiny_dirs):
 def test_kv_bits_on_head_dim_96_works_and_is_planned_that_way(tmp_path):
     import mlx.core as mx
 
-    from mlxspec.plan import memory_model as mm
     from mlxspec.cache.rollback import make_speculative_cache
+    from mlxspec.plan import memory_model as mm
 
     path = save_tiny_model_dir(tmp_path / "hd96", hidden_size=192, num_attention_heads=2, num_key_value_heads=1)
     spec = mlxspec.load(path, draft=path, kv_bits=8, num_draft=3)

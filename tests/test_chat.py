@@ -7,13 +7,17 @@ import sys
 import threading
 import time
 
+from helpers import HANG_LIMIT
+
 PROMPT = "def add(a, b):"
 CHAT = [sys.executable, "-m", "mlxspec", "chat", "--temp", "0"]
 
 
 def test_a_scripted_session_answers_exactly_reuses_the_conversation_and_obeys_commands():
     script = f"{PROMPT}\n/stats\n    return a + b\n/stats\n/reset\n/nonsense\n/stats\n/exit\n"
-    run = subprocess.run([*CHAT, "--max-tokens", "16"], input=script, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [*CHAT, "--max-tokens", "16"], input=script, capture_output=True, text=True, timeout=HANG_LIMIT
+    )
     assert run.returncode == 0, run.stderr
     reference = subprocess.run(
         [sys.executable, "-m", "mlxspec", "generate", "--chat", PROMPT, "--max-tokens", "16", "--json"],
@@ -50,7 +54,7 @@ def test_ctrl_c_stops_the_answer_not_the_session():
     process.send_signal(signal.SIGINT)
     process.stdin.write("/stats\n/exit\n")
     process.stdin.flush()
-    assert process.wait(timeout=120) == 0, process.stderr.read()
+    assert process.wait(timeout=HANG_LIMIT) == 0, process.stderr.read()
     reader.join(timeout=10)
     out = "".join(output)
     assert " [stopped]" in out
@@ -60,7 +64,7 @@ def test_ctrl_c_stops_the_answer_not_the_session():
 
 def test_a_model_without_a_chat_template_is_refused_in_one_line(tiny_dirs):
     run = subprocess.run(
-        [*CHAT, "--model", str(tiny_dirs["target"])], input="hi\n", capture_output=True, text=True, timeout=120
+        [*CHAT, "--model", str(tiny_dirs["target"])], input="hi\n", capture_output=True, text=True, timeout=HANG_LIMIT
     )
     assert run.returncode == 2
     assert run.stderr.strip() == (

@@ -5,11 +5,16 @@ import subprocess
 import sys
 
 import pytest
+from helpers import HANG_LIMIT
 
 
 def run_cli(*args, stdin=None):
     return subprocess.run(
-        [sys.executable, "-m", "mlxspec", *map(str, args)], capture_output=True, text=True, input=stdin, timeout=120
+        [sys.executable, "-m", "mlxspec", *map(str, args)],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=HANG_LIMIT,
     )
 
 

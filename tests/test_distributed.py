@@ -21,8 +21,8 @@ from stats import ALPHA, chi_square_pvalue
 from test_engine_exactness import exact_joint
 from tiny import make_tiny, save_tiny_model_dir
 
-from mlxspec.loading import load_model
 from mlxspec.decoding.sampling import SamplingConfig
+from mlxspec.loading import load_model
 
 LAUNCH = [str(Path(sys.executable).parent / "mlx.launch"), "-n", "2", "--backend", "ring", "--python", sys.executable]
 PROMPT = [1, 2, 3, 4, 5]
@@ -69,7 +69,14 @@ def perturbed_copy(model_dir: Path, path: Path, noise: float = 0.1) -> Path:
     return path
 
 
-def launch(script: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+# Tests that start two ranks (mlx.launch, 5-60 s each here) run in the whole suite, not in the quick default.
+TWO_RANKS = pytest.mark.slow
+# Wall-clock limits on rank processes guard against hangs only: generous, since a loaded 2-core machine runs two ranks
+# many times slower than an idle one (the chi-square run once took over 400 s there).
+HANG_LIMIT = 1800
+
+
+def launch(script: Path, *args: str, timeout: float = HANG_LIMIT) -> subprocess.CompletedProcess:
     """Two ranks on free ports: mlx.launch's fixed default ports would collide between parallel test workers."""
     command = [*LAUNCH, "--starting-port", str(free_port_pair()), str(script), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -95,6 +102,7 @@ def rank_lines(run: subprocess.CompletedProcess) -> list[dict]:
     return ranks
 
 
+@TWO_RANKS
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_ranks_decode_exactly_and_every_rank_emits_the_same_tokens(case, tmp_path):
     family, mode, draft = CASES[case]
@@ -127,20 +135,21 @@ def test_two_ranks_decode_exactly_and_every_rank_emits_the_same_tokens(case, tmp
 DIVERGING_SCRIPT = """
 import json, sys
 import mlxspec
-from mlxspec import drafters
+from mlxspec.decoding.draft import Draft
+from mlxspec.drafting.draft_model import DraftModelDrafter
 
 target, mode = sys.argv[1:3]
 spec = mlxspec.load(target, draft=target, distributed=mode)
 if spec.sharding.rank == 1:
-    propose, calls = drafters.DraftModelDrafter.propose, []
+    propose, calls = DraftModelDrafter.propose, []
     def other_drafts(self, *args, **kwargs):
         draft, calls[:] = propose(self, *args, **kwargs), calls + [1]
         if draft is None or len(calls) %% 3 == 0:
             return None
         if len(calls) %% 3 == 1:
-            return drafters.Draft((draft.tokens + 1) %% 8, draft.probs, draft.shape)
-        return drafters.Draft(draft.tokens[:-1])  # a chain one node shorter
-    drafters.DraftModelDrafter.propose = other_drafts
+            return Draft((draft.tokens + 1) %% 8, draft.probs, draft.shape)
+        return Draft(draft.tokens[:-1])  # a chain one node shorter
+    DraftModelDrafter.propose = other_drafts
 out = {"rank": spec.sharding.rank}
 for name, options in (("chain", {}), ("tree", {"tree_topk": 2})):
     result = spec.generate(%r, max_tokens=16, stop_at_eos=False, num_draft=3, **options)
@@ -149,6 +158,7 @@ print(json.dumps(out), flush=True)
 """ % (PROMPT,)
 
 
+@TWO_RANKS
 @pytest.mark.parametrize("mode", ["tensor", "pipeline"])
 def test_every_rank_verifies_rank_zeros_draft_even_when_its_own_drafter_differs(mode, tmp_path):
     target_dir = save_tiny_model_dir(tmp_path / "qwen2", "qwen2")
@@ -180,6 +190,7 @@ print(json.dumps(out), flush=True)
 """ % (PROMPT,)
 
 
+@TWO_RANKS
 @pytest.mark.parametrize(("family", "mode"), [("llama", "tensor"), ("qwen2", "pipeline")])
 def test_feature_and_medusa_heads_on_every_rank_decode_exactly(family, mode, tmp_path):
     """The heads read the target's final hidden state, whole on every rank after the all-reduce (tensor) or the
@@ -232,6 +243,7 @@ print(json.dumps({"rank": spec.sharding.rank, "samples": samples, "accepted": ac
 """
 
 
+@TWO_RANKS
 def test_sampled_output_on_two_ranks_follows_the_target_distribution(tmp_path):
     """Chi-square of 500 seeded 2-rank runs (tensor parallel, K=2, 3 tokens: accept, residual and bonus paths)
     against the enumerated law of the target; false alarm 1e-3. The same counts must reject the draft's own law
@@ -240,7 +252,7 @@ def test_sampled_output_on_two_ranks_follows_the_target_distribution(tmp_path):
     draft = save_tiny_model_dir(tmp_path / "draft", "llama", seed=5, logit_scale=3.0)
     script = tmp_path / "chi.py"
     script.write_text(CHI_SCRIPT)
-    ranks = rank_lines(launch(script, str(target), str(draft), "tensor", "500", timeout=400))
+    ranks = rank_lines(launch(script, str(target), str(draft), "tensor", "500"))
     assert ranks[0]["samples"] == ranks[1]["samples"]
     counts = np.zeros([8] * 3)
     for tokens in ranks[0]["samples"]:
@@ -260,6 +272,7 @@ def cli_launcher(tmp_path: Path) -> Path:
     return launcher
 
 
+@TWO_RANKS
 def test_the_command_line_prints_on_rank_zero_only(tmp_path, tiny_dirs):
     target = str(tiny_dirs["target"])
     common = ["generate", "cab", "--model", target, "--temp", "0", "--max-tokens", "12", "--json"]
@@ -299,6 +312,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@TWO_RANKS
 @pytest.mark.parametrize("mode", ["tensor", "pipeline"])
 def test_a_rank_that_dies_stops_the_other_with_one_line_not_a_hang(mode, tmp_path):
     """The ranks are started by hand (mlx.launch would kill the survivor itself), so what is tested is mlxspec's
@@ -321,8 +335,8 @@ def test_a_rank_that_dies_stops_the_other_with_one_line_not_a_hang(mode, tmp_pat
         for rank in range(2)
     ]
     try:
-        survivor_err = ranks[0].communicate(timeout=120)[1]
-        ranks[1].communicate(timeout=30)
+        survivor_err = ranks[0].communicate(timeout=HANG_LIMIT)[1]  # a hang is the failure this guards
+        ranks[1].communicate(timeout=HANG_LIMIT)
     finally:
         for rank in ranks:
             rank.kill()
@@ -354,6 +368,7 @@ def test_distributed_without_a_launcher_is_refused_in_one_line(tiny_dirs):
     assert len(run.stderr.strip().splitlines()) == 1
 
 
+@TWO_RANKS
 @pytest.mark.parametrize(
     ("family", "mode", "message"),
     [
@@ -364,7 +379,7 @@ def test_distributed_without_a_launcher_is_refused_in_one_line(tiny_dirs):
 def test_a_split_that_cannot_work_is_refused_in_one_line(family, mode, message, tmp_path):
     """Every rank reaches the same verdict; mlx.launch stops the others once the first exits (status 2)."""
     target = str(save_tiny_model_dir(tmp_path / family, family))
-    run = launch(cli_launcher(tmp_path), "generate", "ab", "--model", target, "--distributed", mode, timeout=120)
+    run = launch(cli_launcher(tmp_path), "generate", "ab", "--model", target, "--distributed", mode)
     errors = [line for line in run.stderr.splitlines() if line.startswith("mlxspec: error:")]
     assert errors and all(message in line for line in errors), run.stderr[-2000:]
     assert "exited with code 2" in run.stderr and "Traceback" not in run.stderr
@@ -372,10 +387,10 @@ def test_a_split_that_cannot_work_is_refused_in_one_line(family, mode, message, 
 
 def test_a_draft_survives_its_encoding_for_the_other_ranks():
     """encode_draft / decode_draft, the layout every step's all-reduce carries (pure; no ranks needed)."""
-    from mlxspec.distributed import decode_draft, encode_draft
     from mlxspec.decoding.draft import Draft
-    from mlxspec.errors import UserError
     from mlxspec.decoding.trees import TreeShape
+    from mlxspec.distributed import decode_draft, encode_draft
+    from mlxspec.errors import UserError
 
     assert encode_draft(None, 3).tolist() == [0, 0, 0, -1, -1, -1, 0, 0, 0]
     assert decode_draft(encode_draft(None, 3).tolist(), None, 1) is None

@@ -4,16 +4,18 @@ import mlx.core as mx
 import pytest
 from tiny import FAMILIES, make_tiny
 
+from mlxspec.decoding.sampling import SamplingConfig
 from mlxspec.drafting.compiled_draft import StaticKVCache, supports_compiled_draft
 from mlxspec.drafting.draft_model import DraftModelDrafter
-from mlxspec.decoding.sampling import SamplingConfig
 
 PROMPT = [1, 2, 3, 4, 5, 6, 0, 1, 2]
 
 
 def drive(drafter: DraftModelDrafter, sampling: SamplingConfig, steps: int = 5, num_draft: int = 3):
-    """Propose, then accept a varying number of the drafted tokens plus one new token, as the engine would."""
-    drafter.prefill(PROMPT)
+    """Propose, then commit a varying number of the drafted tokens plus one new token, as the engine would (the
+    history is the engine's: the drafter reads it)."""
+    history = list(PROMPT)
+    drafter.prefill(history)
     key = mx.random.key(7)
     proposals = []
     for step in range(steps):
@@ -25,6 +27,7 @@ def drive(drafter: DraftModelDrafter, sampling: SamplingConfig, steps: int = 5, 
         chain = [tokens[i - 1] for i in drafter._chain_nodes]
         # The engine's next token never repeats a rejected draft token (the residual excludes it).
         new_token = (chain[keep] + 1) % 8 if keep < len(chain) else step % 8
+        history.extend(chain[:keep] + [new_token])
         drafter.accept(chain[:keep] + [new_token], tokens)
     return proposals
 
@@ -71,13 +74,14 @@ def test_compiled_draft_grows_past_its_first_capacity():
     draft = make_tiny("llama", seed=1, max_position_embeddings=1024)
     prompt = [i % 7 for i in range(300)]
     compiled, eager = (DraftModelDrafter(draft, SamplingConfig(), 4, compiled=c) for c in (True, False))
+    histories = {id(d): list(prompt[:250]) for d in (compiled, eager)}
     for drafter in (compiled, eager):
-        drafter.prefill(prompt[:250])
-        drafter.history = list(prompt[:250])
+        drafter.prefill(histories[id(drafter)])
     for start in range(250, 290, 5):
         outs = []
         for drafter in (compiled, eager):
             tokens = drafter.propose(4, None).tokens.tolist()
+            histories[id(drafter)].extend(prompt[start : start + 5])
             drafter.accept(prompt[start : start + 5], tokens)
             outs.append(tokens)
         assert outs[0] == outs[1]
@@ -97,3 +101,26 @@ def test_drafters_of_one_model_share_traces_and_new_weights_trace_anew():
         t for t, _ in drive(DraftModelDrafter(other, SamplingConfig(), 3), SamplingConfig())
     ]
     assert [t for t, _ in after] != [t for t, _ in before]
+
+
+def test_the_compiled_chain_cache_is_bounded_and_keeps_the_recent_settings():
+    """A server whose requests vary temperature or top-p must not keep one compiled chain per setting forever: the
+    cache keeps the MAX_CHAINS most recently used, and a setting that was dropped traces anew and drafts the same."""
+    from mlxspec.drafting.compiled_draft import MAX_CHAINS
+
+    draft = make_tiny("llama", seed=1)
+    settings = [SamplingConfig(0.5 + 0.05 * i, top_p=0.9) for i in range(MAX_CHAINS + 5)]
+    first = drive(DraftModelDrafter(draft, settings[0], 3), settings[0], steps=2)
+    for sampling in settings[1:]:
+        DraftModelDrafter(draft, sampling, 3)
+    chains = draft.__dict__["_mlxspec_compiled_chains"]
+    assert len(chains) == MAX_CHAINS
+    kept = {key[0] for key in chains}
+    assert kept == set(settings[-MAX_CHAINS:])  # the least recently used went first
+    again = drive(DraftModelDrafter(draft, settings[0], 3), settings[0], steps=2)  # traced anew
+    assert [t for t, _ in again] == [t for t, _ in first]
+    assert all(mx.allclose(a, b).item() for (_, a), (_, b) in zip(again, first))
+    # Using a kept setting moves it to the most recent end instead of tracing it again.
+    oldest_kept = next(iter(chains))
+    DraftModelDrafter(draft, oldest_kept[0], 3)
+    assert next(reversed(chains)) == oldest_kept and len(chains) == MAX_CHAINS

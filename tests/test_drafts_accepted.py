@@ -11,8 +11,8 @@ import pytest
 from helpers import mlx_lm_greedy
 
 import mlxspec
-from mlxspec.drafting.lookup import PromptLookupDrafter
 from mlxspec.decoding.assembly import build_engine
+from mlxspec.drafting.lookup import PromptLookupDrafter
 from mlxspec.loading import MODELS_DIR
 from mlxspec.options import DecodeOptions
 

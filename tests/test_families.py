@@ -2,8 +2,9 @@
 greedily by mlxspec in each mode and compared token for token with mlx-lm's own greedy decoding.
 
 CI runs no-draft, the draft chain and the tree for every family; prompt lookup and --kv-bits 8 run behind the
-`heavy` marker (`pytest -m heavy`), and `scripts/sweep_families.py` runs all five and writes README's table. Each
-test also checks that the table (docs/families.json) still says what the sweep finds, so it cannot go stale.
+`heavy` marker (`pytest -m heavy`), and `scripts/sweep_families.py` runs all five and writes the table in
+docs/families.md. Each test also checks that the table (docs/families.json) still says what the sweep finds, so
+it cannot go stale.
 """
 
 import json
@@ -25,7 +26,7 @@ def check(family: str, modes: tuple[str, ...]) -> None:
     outcomes = sweep_in_subprocess(family, modes) if unbuilt else sweep_family(family, modes)
     for mode, outcome in outcomes.items():
         assert outcome.status not in ("mismatch", "error"), (mode, outcome)
-        assert outcome.status == TABLE[family][mode]["status"], f"README's table is stale for {family} {mode}"
+        assert outcome.status == TABLE[family][mode]["status"], f"docs/families.md's table is stale for {family} {mode}"
         if outcome.status == "exact" and mode != "no-draft":
             assert outcome.accepted > 0, (mode, outcome)  # drafts were really accepted
     # ... and really rejected, across the family's five modes (those not run here as the table records them): a

@@ -5,10 +5,10 @@ import pytest
 from mlx.utils import tree_map
 from test_bad_input import assert_one_line, cli_run  # noqa: F401 (a fixture)
 
+from mlxspec.bench.widen import WidenSpec, widen, widen_head
+from mlxspec.decoding.target_features import forward_with_hidden
 from mlxspec.drafting.feature_head import HeadOnTarget, new_eagle_head, save_head
 from mlxspec.loading import load_model
-from mlxspec.decoding.target_features import forward_with_hidden
-from mlxspec.bench.widen import WidenSpec, widen, widen_head
 
 G = ("generate", "abcabc", "--max-tokens", "12", "--json")
 

@@ -10,6 +10,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import HANG_LIMIT
+
+pytestmark = pytest.mark.slow  # each test builds a wheel or a venv (10-25 s here); the whole suite runs them
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +25,7 @@ def build_wheel(out: Path, env: dict | None = None, source: Path = ROOT) -> tupl
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(out), str(source)],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=HANG_LIMIT,
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -40,7 +43,7 @@ def install_in_fresh_venv(wheel: Path, tmp_path: Path) -> tuple[Path, Path, dict
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}  # nothing but the venv's own paths
     env["MLXSPEC_CACHE"] = str(tmp_path / "cache")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=env)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=HANG_LIMIT, env=env)
     python = venv / "bin" / "python"
     own_site = Path(
         subprocess.run(
@@ -57,7 +60,7 @@ def install_in_fresh_venv(wheel: Path, tmp_path: Path) -> tuple[Path, Path, dict
         [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_LIMIT,
         env=env,
     )
     assert install.returncode == 0, install.stderr
@@ -82,7 +85,9 @@ def test_a_wheel_install_generates_and_plans_from_another_directory(wheel, tmp_p
     elsewhere.mkdir()
 
     def run(*args):
-        return subprocess.run([python, *args], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300)
+        return subprocess.run(
+            [python, *args], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=HANG_LIMIT
+        )
 
     where = run("-c", "import mlxspec.platform as p; print(p.__file__); print(p.models_dir())")
     assert where.returncode == 0, where.stderr
@@ -120,7 +125,7 @@ def test_without_a_compiler_the_install_succeeds_and_says_it_runs_without_the_ke
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=HANG_LIMIT,
     )
     assert gen.returncode == 0, gen.stderr
     lines = [line for line in gen.stderr.splitlines() if "verify kernel" in line]

@@ -8,8 +8,8 @@ from mlx_lm import load as mlx_lm_load
 
 import mlxspec
 from mlxspec.drafting.corpus import read_text, split_files
-from mlxspec.loading import MODELS_DIR, load_model, tokenizer_mismatch
 from mlxspec.drafting.medusa import load_medusa
+from mlxspec.loading import MODELS_DIR, load_model, tokenizer_mismatch
 
 SHIPPED = ["target", "target-4bit", "draft"]
 

@@ -13,12 +13,12 @@ from stats import ALPHA, chi_square_pvalue
 from test_engine_exactness import exact_joint
 
 from mlxspec import UserError
+from mlxspec.decoding.sampling import SamplingConfig
 from mlxspec.drafting.feature_drafter import FeatureDrafter
 from mlxspec.drafting.feature_head import HeadOnTarget
+from mlxspec.drafting.mtp_weights import DEEPSEEK, LAYOUTS, _block_config, load_mtp_head, text_config
 from mlxspec.loading import LoadedModel
 from mlxspec.model_files import lazy_model
-from mlxspec.drafting.mtp_weights import DEEPSEEK, LAYOUTS, _block_config, load_mtp_head, text_config
-from mlxspec.decoding.sampling import SamplingConfig
 
 FAMILIES = ["deepseek_v3", "glm4_moe", "qwen3_next", "qwen3_5", "mimo"]
 # The names each family's checkpoint gives its MTP head (N = num_hidden_layers), from vLLM's loaders.

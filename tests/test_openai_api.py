@@ -2,8 +2,8 @@
 
 import pytest
 
-from mlxspec.serve.openai_api import RequestError, chunk, param_named, parse_request, usage
 from mlxspec.results import Stats
+from mlxspec.serve.openai_api import RequestError, chunk, param_named, parse_request, usage
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
 

@@ -12,11 +12,11 @@ from mlx_lm.models.cache import make_prompt_cache
 from test_bad_input import assert_one_line, cli_run  # noqa: F401 (a fixture)
 from tiny import make_tiny
 
-from mlxspec.plan import memory_model as mm
 from mlxspec.cache.rollback import make_speculative_cache
+from mlxspec.model_files import lazy_model
+from mlxspec.plan import memory_model as mm
 from mlxspec.plan.devices import PRESETS, Device, parse_size
 from mlxspec.plan.metadata import load_metadata, preset_names, safetensors_bytes
-from mlxspec.model_files import lazy_model
 from mlxspec.plan.planner import PlanRequest, make_plan, max_context, total_bytes
 from mlxspec.plan.rank_split import RankSplit
 

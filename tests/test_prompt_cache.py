@@ -11,9 +11,9 @@ from tiny import save_tiny_model_dir
 
 import mlxspec
 from mlxspec.api import Speculator
-from mlxspec.loading import load_model
-from mlxspec.decoding.prompt_cache import target_points
 from mlxspec.cache.recurrent import is_recurrent, leaf_caches
+from mlxspec.decoding.prompt_cache import target_points
+from mlxspec.loading import load_model
 
 FIRST = [1, 2, 3, 4, 5, 0, 5]
 
@@ -200,3 +200,38 @@ def test_interleaved_conversations_each_continue_their_own_cache(tiny_dirs):
         assert result.tokens == cold.generate(again, max_tokens=6, stop_at_eos=False).tokens
     with pytest.raises(mlxspec.UserError, match="prompt_cache -1"):
         mlxspec.load(tiny_dirs["target"], prompt_cache=-1)
+
+
+def test_interleaved_streams_with_a_prompt_cache_stay_exact():
+    """A second stream started while the first still steps must not take the first's live caches: each stream holds
+    its caches alone until it ends (the second starts cold), and both give what a cold run gives."""
+    spec = mlxspec.load(prompt_cache=2)  # the embedded target and draft
+    cold = mlxspec.load()
+    prompt = "def fibonacci(n):"
+    options = dict(max_tokens=24, stop_at_eos=False)
+    expected = cold.generate(prompt, **options).tokens
+    first = spec.stream(prompt, **options)
+    opened = next(first)  # A has prefilled and stepped
+    second = spec.generate(prompt, **options)  # B shares A's whole prompt: the old cache handed it A's live one
+    assert second.stats.prompt_cache == "cold"
+    assert second.tokens == expected
+    assert opened.tokens + [t for chunk in first for t in chunk.tokens] == expected
+    # Both kept their caches when they ended: the next run continues one and is still exact.
+    third = spec.generate(prompt, **options)
+    assert third.stats.prompt_cache == "prefix" and third.stats.reused_tokens > 0
+    assert third.tokens == expected
+    assert len(spec.prompt_cache.entries) == 2
+
+
+def test_a_stream_closed_early_keeps_its_caches_for_the_next_run():
+    """A client that stops reading (the stream closed between steps) leaves its state, settled, for the next run."""
+    spec = mlxspec.load(prompt_cache=1)
+    prompt = "import os\n"
+    stream = spec.stream(prompt, max_tokens=24, stop_at_eos=False)
+    produced = next(stream).tokens
+    stream.close()
+    state = spec.prompt_cache.latest
+    assert state is not None and state.history[len(state.history) - len(produced) :] == produced
+    result = spec.generate(prompt, max_tokens=12, stop_at_eos=False)
+    assert result.stats.prompt_cache == "prefix"
+    assert result.tokens == mlxspec.load().generate(prompt, max_tokens=12, stop_at_eos=False).tokens

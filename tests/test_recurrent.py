@@ -17,10 +17,10 @@ from tiny import make_tiny, save_tiny_model_dir
 
 import mlxspec
 import mlxspec.decoding.engine as engine_module
-from mlxspec.drafting.draft_model import DraftModelDrafter
-from mlxspec.decoding.assembly import build_engine
 from mlxspec.cache.recurrent import leaf_caches
+from mlxspec.decoding.assembly import build_engine
 from mlxspec.decoding.sampling import SamplingConfig
+from mlxspec.drafting.draft_model import DraftModelDrafter
 from mlxspec.options import DecodeOptions
 
 HYBRID = "qwen3_5"
@@ -173,6 +173,7 @@ def test_cli_drafts_for_a_hybrid_target(hybrid_dirs):
     assert "mode=draft-model" in run.stderr
 
 
+@pytest.mark.slow  # 35-40 s each here; the quick run checks hybrids greedily and by their caches
 @pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)], ids=["T1", "T0.7-top-p"])
 def test_speculative_samples_on_a_hybrid_follow_the_target_distribution(sampling):
     """Chi-square of 2000 seeded runs (K=2, 3 tokens, so later steps replay what an earlier one rejected after)

@@ -11,8 +11,8 @@ from stats import ALPHA, chi_square_pvalue
 from tiny import make_tiny
 
 from mlxspec.decoding import sampling
-from mlxspec.kernels import verify as verify_kernel
 from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
+from mlxspec.kernels import verify as verify_kernel
 
 CONFIGS = {
     "top-p": SamplingConfig(0.7, top_p=0.9),

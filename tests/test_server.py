@@ -14,6 +14,7 @@ import urllib.request
 
 import openai
 import pytest
+from helpers import HANG_LIMIT
 
 KEY = "sk-test-key"
 PROMPT = "def add(a, b):"
@@ -66,12 +67,12 @@ def server(tmp_path_factory):
         yield url_and_log
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        process.wait(timeout=HANG_LIMIT)
 
 
 @pytest.fixture
 def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=HANG_LIMIT)
 
 
 def chat(client, content=PROMPT, **kwargs):
@@ -210,7 +211,7 @@ def test_a_full_queue_gets_a_503_and_a_disconnect_frees_the_worker(client, serve
     assert refused.value.status_code == 503
     # Disconnect mid-stream: the generation stops at its next step, the waiting request runs, the server goes on.
     running.close()
-    waiter.join(timeout=60)
+    waiter.join(timeout=HANG_LIMIT)
     assert waited["reply"].usage.completion_tokens == 2
     assert chat(client, max_tokens=3).usage.completion_tokens == 3
     assert health(server) == {"status": "ok", "model": "mlxspec-embedded", "busy": False, "waiting": 0}

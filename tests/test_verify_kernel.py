@@ -13,8 +13,8 @@ from helpers import assert_greedy_equal, mlx_lm_greedy, speculative_tokens
 from mlx.utils import tree_flatten
 from tiny import make_tiny
 
-from mlxspec.kernels import verify as verify_kernel
 from mlxspec.errors import UserError
+from mlxspec.kernels import verify as verify_kernel
 
 BACKEND, WHY = verify_kernel.cpu_backend()
 NO_COMPILER = shutil.which("c++") is None and shutil.which("g++") is None and shutil.which("clang++") is None

@@ -22,8 +22,8 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from mlxspec.errors import UserError
 from mlxspec.cache.recurrent import leaf_caches, probe_cache, recurrent_leaves, trim_attention
+from mlxspec.errors import UserError
 
 
 class WindowKVCache(KVCache):

@@ -119,8 +119,8 @@ def bench(
         raise UserError(
             f"--modes {unknown[0] if unknown else repr(modes)} is not a mode; choose from {','.join(BENCH_MODES)}"
         )
-    from mlxspec.bench import runner as bench_module
     from mlxspec.api import load
+    from mlxspec.bench import runner as bench_module
     from mlxspec.bench.plot import plot
     from mlxspec.decoding.costs import verify_cost_line, verify_curve_report
     from mlxspec.loading import MODELS_DIR
@@ -189,7 +189,9 @@ def bench(
     from mlxspec.speculator import Speculator
 
     medusa = Speculator(speculator.target, None, medusa=heads, options=speculator.options) if heads else None
-    eagle = Speculator(speculator.target, None, feature_head=eagle_head, options=speculator.options) if eagle_head else None
+    eagle = (
+        Speculator(speculator.target, None, feature_head=eagle_head, options=speculator.options) if eagle_head else None
+    )
     mode_fns = bench_module.build_modes(speculator, tuple(num_drafts), families, medusa, eagle=eagle)
     everything, by_temp = {}, {}
     timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")

@@ -99,8 +99,8 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
     flags first, with check_contradictions): plan against --memory-budget for prompt_chars + max_tokens, then load."""
     from mlxspec.api import SlowBLASWarning, load
     from mlxspec.cli.options import MTP_IN_MODEL
-    from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET
     from mlxspec.kernels.verify import KernelMissingWarning
+    from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET
 
     model, draft = p["model"], p["draft"]
     heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source")

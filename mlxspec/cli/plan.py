@@ -9,6 +9,7 @@ import click
 from mlxspec.errors import UserError
 from mlxspec.plan.rank_split import MODES
 
+
 @click.command()
 @click.option("--model", "model", default=None, help="Target: preset name, model directory, config.json or repo id.")
 @click.option("--draft", default=None, help="Draft model, same forms as --model.")
@@ -68,8 +69,8 @@ def plan(
 ) -> None:
     """Will the target, its drafter and both KV caches fit the device at this context? Reads metadata only."""
     from mlxspec.plan.devices import PRESETS, resolve_device
-    from mlxspec.plan.metadata import load_metadata, preset_names
     from mlxspec.plan.format import format_plan
+    from mlxspec.plan.metadata import load_metadata, preset_names
     from mlxspec.plan.planner import PlanRequest, make_plan
     from mlxspec.plan.rank_split import RankSplit, check_split
 

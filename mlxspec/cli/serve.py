@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
+from mlxspec.cli.generate import check_contradictions, load_speculator, options_from
 from mlxspec.cli.options import MODEL_OPTIONS, SAMPLING_OPTIONS, with_options
 from mlxspec.errors import UserError
-from mlxspec.cli.generate import check_contradictions, load_speculator, options_from
 
 PLANNED_CHARS = 1 << 40  # --memory-budget plans for the whole context (capped at the model's)
 

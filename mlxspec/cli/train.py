@@ -47,9 +47,9 @@ def train_heads(kind, **params) -> None:
     if kind == "medusa":
         _train_medusa(**params)
         return
-    from mlxspec.train.eagle import EagleTrainConfig, train_eagle
     from mlxspec.drafting.feature_head import CONFIG_FILE
     from mlxspec.loading import DEFAULT_TARGET, load_model
+    from mlxspec.train.eagle import EagleTrainConfig, train_eagle
     from mlxspec.train.medusa import prepare_out_dir
 
     config = EagleTrainConfig(

@@ -1,1 +1,1 @@
-"""The core: the speculative step (draft, verify in one target forward, accept, roll back) and its math. Imports no wing."""
+"""The core: the speculative step (draft, verify in one target forward, accept, roll back). Imports no wing."""

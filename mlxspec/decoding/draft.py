@@ -8,6 +8,7 @@ Drafters live in mlxspec/drafting/; none of them affects exactness.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,28 +35,33 @@ class Drafter(Protocol):
     uses_target_hidden: bool = False  # True: the engine hands over the target's hidden state after every step
     max_nodes: int = 0  # the most nodes one proposal may hold (0: no more than the engine's num_draft)
 
-    def prefill(self, prompt: list[int]) -> None:
-        """See the whole prompt; the last prompt token is where drafting continues from."""
+    def prefill(self, history: Sequence[int]) -> None:
+        """Start on `history`, the engine's committed tokens (the prompt so far; its last token is where drafting
+        continues from). The engine owns it and extends it after every step, before `accept`: a drafter reads it
+        and never keeps a copy."""
 
     def reusable(self, prompt: list[int]) -> int:
         """After a finished run: how many leading tokens of a new prompt this drafter's state already covers and can
         keep (prompt_cache.py). 0 (the default): none, so a fresh drafter is prefilled instead."""
         return 0
 
-    def resume(self, prompt: list[int], reused: int) -> None:
-        """Keep the state of prompt[:reused] (0 < reused <= reusable(prompt)), then see the prompt as prefill does."""
+    def resume(self, history: Sequence[int], reused: int) -> None:
+        """Keep the state of history[:reused] (0 < reused <= reusable(history)), then start on `history` as prefill
+        does."""
         raise NotImplementedError
 
     def propose(self, num_tokens: int, key: mx.array | None) -> Draft | None:
         """Draft about num_tokens tokens (a chain of that length, or a tree that deep) lazily, or None."""
 
     def accept(self, emitted: list[int], drafted: list[int]) -> None:
-        """The step's outcome: the emitted tokens and, as host ints, the tokens this drafter proposed."""
+        """The step's outcome, already committed to the history: the emitted tokens and, as host ints, the tokens
+        this drafter proposed."""
 
     def set_hidden(self, hidden: mx.array | None) -> None:
         """The target's final hidden states [n, D] at the positions its cache just kept, in order (lazy): after the
         prefill every prompt row but the last, after a step the fed token's row and the kept drafts'. Only called
         when uses_target_hidden."""
+
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0

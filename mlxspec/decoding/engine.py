@@ -9,10 +9,10 @@ from typing import Protocol
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxspec.decoding.acceptance import accept_node_samples, accept_sampled_chain
-from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
-from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.cache.recurrent import Snapshot, recurrent_leaves, rewind, snapshot
+from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
+from mlxspec.decoding.acceptance import accept_node_samples, accept_sampled_chain
+from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
 from mlxspec.decoding.target_features import forward_with_hidden
 from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
@@ -144,11 +144,11 @@ class SpeculativeEngine:
         self.pending = [prompt[-1]]
         if self.recurrent:  # free (references): a later prompt sharing this one's prefix may start from here
             self.prompt_snapshot = (self.position, snapshot(self.recurrent))
-        if self.drafter is not None:
+        if self.drafter is not None:  # it reads self.history, the committed tokens, and keeps no copy
             if drafter_reused:
-                self.drafter.resume(prompt, drafter_reused)
+                self.drafter.resume(self.history, drafter_reused)
             else:
-                self.drafter.prefill(prompt)
+                self.drafter.prefill(self.history)
             if self.wants_hidden:  # every prompt row but the pending token's (none for a one-token prompt)
                 self.drafter.set_hidden(mx.concatenate(hidden) if hidden else None)
         self.mid_step = False
@@ -215,12 +215,12 @@ class SpeculativeEngine:
         self.target_calls += 1
         if self.controller is not None:
             self.controller.update(result.drafted, result.accepted)
+        self.history.extend(result.tokens)  # committed: the drafter reads them from here
         if self.drafter is not None:
             self.drafter.accept(result.tokens, result.proposed)
             if self.wants_hidden:  # the hidden states of the kept rows: the fed token's, then the kept drafts'
                 self.drafter.set_hidden(self._hidden[mx.array([0, *result.path], dtype=mx.int32)])
         self._mark("bookkeeping")
-        self.history.extend(result.tokens)
         self.mid_step = False
         return result
 
@@ -349,7 +349,9 @@ class SpeculativeEngine:
         if values[2]:  # rare: a target row's top-p set reached past its ranked candidates; redo, same key
             self.sorted_fallbacks += 1
             values[:2] = self._host(
-                mx.concatenate(accept_sampled_chain(draft, to_probs_sorted(logits, self.sampling), key, self.sampling.greedy))
+                mx.concatenate(
+                    accept_sampled_chain(draft, to_probs_sorted(logits, self.sampling), key, self.sampling.greedy)
+                )
             )
         num_accepted, next_token, proposed = values[0], values[1], values[3:]
         self._mark("accept")
@@ -373,7 +375,9 @@ class SpeculativeEngine:
         samples, short = self._target_samples(logits, key)
         self._mark("target probs", samples)
         values = self._host(
-            mx.concatenate([*accept_node_samples(draft, self.pending, samples), short[None].astype(mx.int32), draft.tokens])
+            mx.concatenate(
+                [*accept_node_samples(draft, self.pending, samples), short[None].astype(mx.int32), draft.tokens]
+            )
         )
         if values[2]:  # rare: some row ranked too few candidates; redraw every row from the whole vocabulary, same key
             self.sorted_fallbacks += 1

@@ -15,7 +15,6 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 from mlxspec.kernels import verify as verify_kernel
 from mlxspec.options import SamplingConfig
 
-
 # Tokens ranked per row for top-p/top-k. At 128k-262k vocabularies a full sort per row costs more than a small
 # target's forward; the filters only ever keep the best few hundred tokens of a trained model.
 CANDIDATES = 1024

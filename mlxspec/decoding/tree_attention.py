@@ -17,8 +17,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxspec.cache.rollback import make_speculative_cache, model_family, recurrent_family
 from mlxspec.cache.recurrent import is_recurrent, leaf_caches
+from mlxspec.cache.rollback import make_speculative_cache, model_family, recurrent_family
 from mlxspec.decoding.trees import TreeShape, ancestor_mask
 
 

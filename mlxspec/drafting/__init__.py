@@ -1,1 +1,1 @@
-"""Drafters: a draft model, prompt lookup, Medusa heads and feature heads (EAGLE, MTP), wired by factory.make_drafter."""
+"""Drafters: a draft model, prompt lookup, Medusa heads and feature heads (EAGLE, MTP); see factory.py."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -41,7 +43,7 @@ class DraftModelDrafter(Drafter):
         # A windowed draft cache bounds the draft's memory; it only changes proposals, never the output law.
         self._cache_options = dict(max_rollback=max_draft + 1, kv_bits=kv_bits, window=kv_window)
         self._use_eager_cache([] if self.compiled else make_speculative_cache(model, **self._cache_options))
-        self.history: list[int] = []  # every committed token, prompt included
+        self.history: Sequence[int] = []  # the engine's committed tokens, prompt included (read, never copied)
         self._chain_nodes: list[int] = []  # node indices (1-based) of the tokens fed back into the draft
         self.calls = 0
 
@@ -65,8 +67,8 @@ class DraftModelDrafter(Drafter):
     def _pending(self) -> list[int]:
         return self.history[self._offset() :]
 
-    def prefill(self, prompt: list[int], chunk: int = 512) -> None:
-        self.history = list(prompt)
+    def prefill(self, history: Sequence[int], chunk: int = 512) -> None:
+        self.history = history
         if self.compiled:
             try:
                 self.compiled.prefill(self._pending()[:-1], chunk)
@@ -81,7 +83,7 @@ class DraftModelDrafter(Drafter):
             return 0  # recurrent draft layers cannot be trimmed back to a shorter prefix
         return min(self._offset(), common_prefix(self.history, prompt))
 
-    def resume(self, prompt: list[int], reused: int) -> None:
+    def resume(self, history: Sequence[int], reused: int) -> None:
         extra = self._offset() - reused
         if self.compiled:
             self.compiled.trim(extra)
@@ -89,7 +91,7 @@ class DraftModelDrafter(Drafter):
             rollback(self.cache, extra)
             self.fed = reused
         self._chain_nodes = []
-        self.prefill(prompt)
+        self.prefill(history)
 
     def _prefill_eagerly(self, chunk: int = 512) -> None:
         while len(self._pending()) > 1:
@@ -138,7 +140,7 @@ class DraftModelDrafter(Drafter):
             chain = [drafted[i - 1] for i in self._chain_nodes if i - 1 < len(drafted)]
             # At least the last emitted token stays pending: it is what the next draft continues from.
             keep = min(common_prefix(emitted, chain), len(self._chain_nodes) - 1, len(emitted) - 1)
-            extra = self._offset() - (len(self.history) + keep)
+            extra = self._offset() - (len(self.history) - len(emitted) + keep)  # (emitted: already committed)
             if self.compiled:
                 self.compiled.trim(extra)
             elif self.recurrent and extra > 0:
@@ -148,5 +150,4 @@ class DraftModelDrafter(Drafter):
             else:
                 rollback(self.cache, extra)
                 self.fed -= max(0, extra)
-        self.history.extend(emitted)
         self._chain_nodes = []

@@ -13,17 +13,19 @@ After the step the draft rows are trimmed off the head cache; rollback is moving
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from mlxspec.drafting.compiled_draft import pick_draft_token
 from mlxspec.decoding.draft import Draft, Drafter, common_prefix
-from mlxspec.drafting.feature_head import HeadOnTarget
 from mlxspec.decoding.sampling import SamplingConfig
 from mlxspec.decoding.tree_attention import tree_context
 from mlxspec.decoding.trees import TreeShape
+from mlxspec.drafting.compiled_draft import pick_draft_token
+from mlxspec.drafting.feature_head import HeadOnTarget
 
 
 class FeatureDrafter(Drafter):
@@ -35,14 +37,14 @@ class FeatureDrafter(Drafter):
         self.beam = beam  # > 1: an EAGLE-2 dynamic tree expanding this many nodes per depth
         self.max_nodes = max_nodes if beam > 1 else 0
         self.cache = KVCache()
-        self.history: list[int] = []  # every committed token, the pending one last
+        self.history: Sequence[int] = []  # the engine's committed tokens, the pending one last (read, never copied)
         self.features: list[mx.array] = []  # [n_i, D] target hidden rows not yet fed to the head
         self.fed = 0  # rows of true context in the head cache
         self.calls = 0
         self.host_syncs = 0  # the dynamic tree's own syncs (chains have none)
 
-    def prefill(self, prompt: list[int]) -> None:
-        self.history = list(prompt)
+    def prefill(self, history: Sequence[int]) -> None:
+        self.history = history
         self.cache = KVCache()
         self.features, self.fed = [], 0
 
@@ -51,9 +53,9 @@ class FeatureDrafter(Drafter):
         # target then recomputes features from position r on (uses_target_hidden bounds its reuse by this).
         return max(0, min(self.fed, common_prefix(self.history, prompt) - 1))
 
-    def resume(self, prompt: list[int], reused: int) -> None:
+    def resume(self, history: Sequence[int], reused: int) -> None:
         self.cache.trim(self.cache.offset - reused)
-        self.history, self.features, self.fed = list(prompt), [], reused
+        self.history, self.features, self.fed = history, [], reused
 
     def set_hidden(self, hidden: mx.array | None) -> None:
         if hidden is not None:
@@ -61,7 +63,6 @@ class FeatureDrafter(Drafter):
 
     def accept(self, emitted: list[int], drafted: list[int]) -> None:
         self.cache.trim(self.cache.offset - self.fed)  # drop the draft rows: only the true context stays
-        self.history.extend(emitted)
 
     def _catch_up(self) -> tuple[mx.array, mx.array] | None:
         """Feed the rows the target kept since the last proposal: (logits [V], feature [D]) of the last row, which

@@ -21,10 +21,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxspec.errors import UserError
-from mlxspec.drafting.head_files import base_model_identity, save_head_files
-from mlxspec.model_files import lazy_model
 from mlxspec.decoding.target_features import final_norm, output_head, text_model
+from mlxspec.drafting.head_files import base_model_identity, save_head_files
+from mlxspec.errors import UserError
+from mlxspec.model_files import lazy_model
 
 CONFIG_FILE, WEIGHTS_FILE = "eagle_config.json", "eagle.safetensors"
 

@@ -15,10 +15,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.decoding.draft import Draft, Drafter
-from mlxspec.errors import UserError
-from mlxspec.drafting.head_files import base_model_identity, save_head_files
 from mlxspec.decoding.target_features import output_head
 from mlxspec.decoding.trees import TreeShape, rank_paths_parents, sparse_tree
+from mlxspec.drafting.head_files import base_model_identity, save_head_files
+from mlxspec.errors import UserError
 
 CONFIG_FILE, WEIGHTS_FILE = "medusa_config.json", "medusa.safetensors"
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxspec.errors import UserError
 from mlxspec.drafting.feature_head import FeatureHead, FeatureHeadConfig
+from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel, on_cpu
 from mlxspec.model_files import lazy_model
 

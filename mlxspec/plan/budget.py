@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from mlxspec.plan.devices import Device, live_device, parse_size
 from mlxspec.errors import UserError
+from mlxspec.plan.devices import Device, live_device, parse_size
 from mlxspec.plan.metadata import load_metadata
 from mlxspec.plan.planner import PlanRequest, make_plan, total_bytes
 from mlxspec.platform import GiB

@@ -59,7 +59,7 @@ def parse_size(text: str) -> int:
 
 
 def _mlx_backend_without_importing_it() -> str:
-    """"gpu" where MLX's CUDA build is installed, else "cpu": read from the installed distributions, so a plan on
+    """ "gpu" where MLX's CUDA build is installed, else "cpu": read from the installed distributions, so a plan on
     Linux never imports MLX."""
     from importlib.metadata import distributions
 

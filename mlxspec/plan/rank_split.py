@@ -13,8 +13,8 @@ import importlib
 import math
 from dataclasses import dataclass
 
-from mlxspec.plan import memory_model as mm
 from mlxspec.errors import UserError
+from mlxspec.plan import memory_model as mm
 
 MODES = ("tensor", "pipeline")  # how mlx-lm splits a target across ranks (distributed.py)
 

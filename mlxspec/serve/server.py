@@ -29,11 +29,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from mlxspec.serve import openai_api as wire
 from mlxspec.chat_template import encode_messages
 from mlxspec.errors import UserError
-from mlxspec.serve.openai_api import CompletionRequest, RequestError
 from mlxspec.options import DecodeOptions
+from mlxspec.serve import openai_api as wire
+from mlxspec.serve.openai_api import CompletionRequest, RequestError
 
 POLL_SECONDS = 0.25  # how often a waiting handler checks whether its client is still there
 

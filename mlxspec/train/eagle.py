@@ -21,13 +21,13 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
+from mlxspec.decoding.target_features import forward_with_hidden
 from mlxspec.drafting.corpus import split_files
-from mlxspec.errors import UserError
 from mlxspec.drafting.feature_head import FeatureHead, HeadOnTarget, new_eagle_head, save_head
 from mlxspec.drafting.head_files import checkpoint_state, resume_checkpoint, save_checkpoint, warmup_cosine
+from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 from mlxspec.train.medusa import self_distilled_stream, token_stream
-from mlxspec.decoding.target_features import forward_with_hidden
 
 MAX_DEPTH = 6  # depths whose held-out agreement the config records
 

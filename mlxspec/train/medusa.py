@@ -13,12 +13,12 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from mlxspec.drafting.corpus import read_text, split_files
-from mlxspec.errors import UserError
-from mlxspec.drafting.head_files import checkpoint_state, resume_checkpoint, save_checkpoint, warmup_cosine
-from mlxspec.loading import LoadedModel
-from mlxspec.drafting.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads, base_model_identity, save_medusa
 from mlxspec.decoding.target_features import output_head
+from mlxspec.drafting.corpus import read_text, split_files
+from mlxspec.drafting.head_files import checkpoint_state, resume_checkpoint, save_checkpoint, warmup_cosine
+from mlxspec.drafting.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads, base_model_identity, save_medusa
+from mlxspec.errors import UserError
+from mlxspec.loading import LoadedModel
 
 HEAD_DECAY = 0.8  # later heads are harder; weight their loss less, as Medusa does
 
