@@ -10,6 +10,7 @@ import math
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import HANG_LIMIT
@@ -71,7 +72,7 @@ def broken_models(tmp_path_factory, tiny_dirs):
 G = ("generate", "abc", "--max-tokens", "4")
 
 
-# Row 1 and 12: train-medusa's sizes and output directory.
+# train-medusa's sizes and output directory.
 def test_train_medusa_refuses_a_window_past_the_context_before_allocating(cli_run, tmp_path):
     result = cli_run("train-medusa", "--out", tmp_path / "d", "--steps", 1, "--batch-size", 1, "--seq-len", 100000)
     assert_one_line(result, "--seq-len 100000", "context of 512")
@@ -123,7 +124,7 @@ def test_train_medusa_refuses_to_resume_another_run(cli_run, tmp_path, tiny_dirs
     assert_one_line(result, fragment)
 
 
-# Row 2, 7 and 19: damaged model directories, for every command that reads one.
+# Damaged model directories, for every command that reads one.
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "dangling"])
 def test_a_damaged_weights_file_is_named_with_the_fix(cli_run, broken_models, tiny_dirs, damage):
     path = broken_models[damage]
@@ -146,7 +147,7 @@ def test_a_config_missing_a_key_or_a_directory_as_config_is_one_line(cli_run, br
     assert_one_line(cli_run(*G, "--model", tmp_path), "is a directory")
 
 
-# Row 3: invalid UTF-8 is replaced, and the user is told.
+# Invalid UTF-8 is replaced, and the user is told.
 def test_invalid_utf8_on_stdin_is_replaced_and_reported(cli_run, tiny_dirs):
     code, out, err = cli_run(
         "generate", "-", "--model", tiny_dirs["target"], "--no-draft", "--max-tokens", 3, stdin=b"ab\xffc"
@@ -167,7 +168,7 @@ def test_invalid_utf8_in_argv_is_replaced_and_reported(tiny_dirs):
     assert proc.returncode == 0 and "Traceback" not in err and "replaced with U+FFFD" in err
 
 
-# Rows 4, 5, 17 and others on generate: refused with one line before any work.
+# generate refuses bad values with one line before any work.
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -203,7 +204,7 @@ def test_k_auto_is_accepted_and_reported(cli_run, tiny_dirs):
     assert json.loads(out)["num_draft"] in ("auto", 0)  # 0: the measured cost said drafting cannot pay here
 
 
-# Row 16: a too-long prompt gets one line, no tokenizer warning before it; --truncate keeps its tail.
+# A too-long prompt gets one line, no tokenizer warning before it; --truncate keeps its tail.
 def test_a_too_long_prompt_is_one_line_and_truncate_keeps_the_tail(cli_run, tiny_dirs):
     assert_one_line(cli_run("generate", "ab" * 30, "--model", tiny_dirs["target"]), "context is 40", "--truncate")
     code, out, err = cli_run(
@@ -214,7 +215,7 @@ def test_a_too_long_prompt_is_one_line_and_truncate_keeps_the_tail(cli_run, tiny
     assert json.loads(out)["stats"]["prompt_tokens"] == 35
 
 
-# Row 6 and 14: plan's numbers.
+# The planner's numbers.
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -233,7 +234,7 @@ def test_plan_refuses_bad_numbers(cli_run, args, fragment):
     assert_one_line(cli_run("plan", *args), fragment)
 
 
-# Row 13: bench's counts and modes are checked before any model loads.
+# bench's counts and modes are checked before any model loads.
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -246,7 +247,7 @@ def test_bench_refuses_bad_counts_and_unknown_modes(cli_run, args, fragment):
     assert_one_line(cli_run("bench", *args), fragment)
 
 
-# Row 15: a full disk.
+# A full disk.
 def test_writing_to_a_full_disk_is_one_line(tiny_dirs):
     with open("/dev/full", "w") as full:
         proc = subprocess.run(
@@ -260,7 +261,7 @@ def test_writing_to_a_full_disk_is_one_line(tiny_dirs):
     assert_one_line((proc.returncode, "", proc.stderr), "cannot write the output: No space left on device")
 
 
-# Rows 4, 5, 10, 11, 18 and 18b through the Python API.
+# Bad values through the Python API.
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
@@ -323,7 +324,7 @@ def test_module_generate_takes_every_load_keyword(tiny_dirs):
     assert len(result.tokens) <= 6 and result.stats.drafted > 0
 
 
-# Row 8: a head size that is not a multiple of 64 (Phi-3's 96) quantizes its KV cache in groups of 32.
+# A head size that is not a multiple of 64 (Phi-3's 96) quantizes its KV cache in groups of 32.
 def test_kv_bits_on_head_dim_96_works_and_is_planned_that_way(tmp_path):
     import mlx.core as mx
 
@@ -352,9 +353,9 @@ def test_kv_bits_on_an_unquantizable_head_size_is_refused_and_not_suggested(tmp_
     assert not any("--kv-bits" in r["how"] for r in make_plan(request).recommendations)
 
 
-# Row 9: the BLAS in use is judged by library file names, once per process.
+# The BLAS in use is judged by library file names, once per process.
 def test_blas_detection_ignores_names_that_only_contain_mkl():
-    from mlxspec.platform import blas_in_use, classify_blas
+    from mlxspec.platform import classify_blas
 
     jit = "/tmp/mlx/libmlx_compiled_Multiply_mklz_float32.so"
     wheel = "/venv/lib/python3.11/site-packages/mlx_cpu.libs/libblas-a1b2.so.3"
@@ -362,4 +363,20 @@ def test_blas_detection_ignores_names_that_only_contain_mkl():
     assert classify_blas([jit, "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"]) == "openblas"
     assert classify_blas(["/opt/intel/lib/libmkl_rt.so.2"]) == "other"
     assert classify_blas(["/venv/numpy.libs/libscipy_openblas64_-ff651d7f.so"]) == "reference"
-    assert blas_in_use() == blas_in_use()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="elsewhere the BLAS is the platform's (Accelerate on macOS)")
+def test_blas_in_use_classifies_this_process_libraries_and_reads_them_once(monkeypatch):
+    import mlx.core  # noqa: F401  (MLX loaded: its BLAS is mapped)
+
+    from mlxspec.platform import blas_in_use, classify_blas
+
+    mapped = [line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "/" in line]
+    first = blas_in_use()
+    assert first == classify_blas(mapped) and first in ("reference", "openblas", "other")
+
+    def unreadable(*args, **kwargs):
+        raise OSError("read again")
+
+    monkeypatch.setattr(Path, "read_text", unreadable)
+    assert blas_in_use() == first  # read once per process: a second call reads nothing

@@ -7,6 +7,7 @@ import os
 
 import click
 
+from mlxspec.cli.options import with_options
 from mlxspec.errors import UserError
 
 BENCH_MODES = ("mlx-lm", "plain", "draft", "adaptive", "tree", "lookup", "medusa", "eagle")
@@ -42,188 +43,184 @@ def _tokens_in_vocab(prompts: list[list[int]], vocab: int, path) -> None:
             raise UserError(f"prompt {number} of '{path}' holds {bad!r}, not a token id of this model (0..{vocab - 1})")
 
 
-@click.command()
-@click.option("--model", default=None, help="Target [default: embedded target].")
-@click.option("--draft", default=None, help="Draft [default: embedded draft with the embedded target].")
-@click.option("--medusa", "medusa_path", default=None, help="Medusa heads [default: embedded heads, if shipped].")
-@click.option("--eagle", "eagle_path", default=None, help="EAGLE head [default: the embedded head, if shipped].")
-@click.option(
-    "--mtp", "mtp_source", is_flag=False, flag_value="<model>", default=None, help="The native MTP head (as generate)."
-)
-@click.option(
-    "-k",
-    "--num-draft",
-    "num_drafts",
-    type=click.IntRange(1, 64),
-    multiple=True,
-    help="Draft length(s) to compare [2 4 6].",
-)
-@click.option("--temp", "temps", type=float, multiple=True, help="Temperature(s) [0 and 0.7].")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option(
-    "--modes",
-    default="mlx-lm,plain,draft,adaptive,tree,lookup,medusa,eagle",
-    show_default=True,
-    help="Mode families to run.",
-)
-@click.option("--prompts", "prompts_file", default=None, help="JSONL prompts [default: held-out stdlib files].")
-@click.option("--num-prompts", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--verify-curve", is_flag=True, help="Time one target forward over 1..32 tokens and stop.")
-@click.option("--profile", is_flag=True, help="Also report the per-step time split of the draft-model mode.")
-@click.option("--json", "json_out", default=None, help="Also write the results to this JSON file.")
-@click.option("--plot", "plot_path", default=None, help="Also draw speedup vs k and tok/s per mode to a PNG.")
-@click.option(
-    "--widen",
-    default=None,
-    help="Bench a function-preserving widening of the target, LAYERSxWIDTH (e.g. 24x768): the same logits at the "
-    "memory traffic of a bigger model.",
-)
-@click.option(
-    "--kernel",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
-    show_default=True,
-    help="The verify kernel for every mlxspec mode; with it, a 'no-draft, kernel off' row shows the kernel's share.",
-)
-def bench(
-    model,
-    draft,
-    medusa_path,
-    eagle_path,
-    mtp_source,
-    num_drafts,
-    temps,
-    top_p,
-    modes,
-    prompts_file,
-    num_prompts,
-    prompt_tokens,
-    max_tokens,
-    repeats,
-    verify_curve,
-    profile,
-    json_out,
-    plot_path,
-    widen,
-    kernel,
-) -> None:
-    """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts."""
-    import mlx.core as mx
+DRAFTER_OPTIONS = [
+    click.option("--model", default=None, help="Target [default: embedded target]."),
+    click.option("--draft", default=None, help="Draft [default: embedded draft with the embedded target]."),
+    click.option("--medusa", "medusa_path", default=None, help="Medusa heads [default: embedded heads, if shipped]."),
+    click.option("--eagle", "eagle_path", default=None, help="EAGLE head [default: the embedded head, if shipped]."),
+    click.option(
+        "--mtp",
+        "mtp_source",
+        is_flag=False,
+        flag_value="<model>",
+        default=None,
+        help="The native MTP head (as generate).",
+    ),
+    click.option(
+        "--widen",
+        default=None,
+        help="Bench a function-preserving widening of the target, LAYERSxWIDTH (e.g. 24x768): the same logits at the "
+        "memory traffic of a bigger model.",
+    ),
+    click.option(
+        "--kernel",
+        type=click.Choice(["auto", "on", "off"]),
+        default="auto",
+        show_default=True,
+        help="The verify kernel for every mlxspec mode; a 'no-draft, kernel off' row then shows the kernel's share.",
+    ),
+]
+MODE_OPTIONS = [
+    click.option(
+        "--modes",
+        default="mlx-lm,plain,draft,adaptive,tree,lookup,medusa,eagle",
+        show_default=True,
+        help="Mode families to run.",
+    ),
+    click.option(
+        "-k", "--num-draft", "num_drafts", type=click.IntRange(1, 64), multiple=True, help="Draft lengths [2 4 6]."
+    ),
+    click.option("--temp", "temps", type=float, multiple=True, help="Temperature(s) [0 and 0.7]."),
+    click.option("--top-p", type=float, default=1.0, show_default=True),
+]
+WORKLOAD_OPTIONS = [
+    click.option("--prompts", "prompts_file", default=None, help="JSONL prompts [default: held-out stdlib files]."),
+    click.option("--num-prompts", type=click.IntRange(min=1), default=8, show_default=True),
+    click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True),
+    click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True),
+    click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True),
+]
+OUTPUT_OPTIONS = [
+    click.option("--verify-curve", is_flag=True, help="Time one target forward over 1..32 tokens and stop."),
+    click.option("--profile", is_flag=True, help="Also report the per-step time split of the draft-model mode."),
+    click.option("--json", "json_out", default=None, help="Also write the results to this JSON file."),
+    click.option("--plot", "plot_path", default=None, help="Also draw speedup vs k and tok/s per mode to a PNG."),
+]
 
-    families = {m.strip() for m in modes.split(",") if m.strip()}
+
+@click.command()
+@with_options(DRAFTER_OPTIONS, MODE_OPTIONS, WORKLOAD_OPTIONS, OUTPUT_OPTIONS)
+def bench(**p) -> None:
+    """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts."""
+    families = {m.strip() for m in p["modes"].split(",") if m.strip()}
     unknown = sorted(families - set(BENCH_MODES))
     if unknown or not families:
-        raise UserError(
-            f"--modes {unknown[0] if unknown else repr(modes)} is not a mode; choose from {','.join(BENCH_MODES)}"
-        )
-    from mlxspec.api import load
-    from mlxspec.bench import runner as bench_module
-    from mlxspec.bench.plot import plot
-    from mlxspec.decoding.costs import verify_cost_line, verify_curve_report
-    from mlxspec.loading import MODELS_DIR
-    from mlxspec.platform import blas_in_use, fast_blas_hint
-
-    if plot_path:
+        what = unknown[0] if unknown else repr(p["modes"])
+        raise UserError(f"--modes {what} is not a mode; choose from {','.join(BENCH_MODES)}")
+    if p["plot_path"]:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise UserError("--plot needs matplotlib: pip install 'mlxspec[plot]'") from None
-    num_drafts = num_drafts or (2, 4, 6)
-    temps = temps or (0.0, 0.7)
+            raise UserError("--plot needs matplotlib: pip install -e '.[plot]'") from None
+    from mlxspec.decoding.costs import verify_cost_line, verify_curve_report
+    from mlxspec.platform import fast_blas_hint
+
+    num_drafts = p["num_drafts"] or (2, 4, 6)
+    speculator, medusa, eagle = load_contenders(p, max(num_drafts))
+    if fast_blas_hint():
+        click.echo(fast_blas_hint(), err=True)
+    if p["verify_curve"]:
+        click.echo(verify_curve_report(speculator.target, speculator.draft, kernel=p["kernel"]))
+        return
+    click.echo(verify_cost_line(speculator.target, speculator.draft, max(num_drafts) + 1, kernel=p["kernel"]))
+    if speculator.draft is None and medusa is None and eagle is None:
+        raise UserError("bench compares drafters; pass --draft, --medusa or --eagle")
+    run_and_report(p, speculator, medusa, eagle, families, tuple(num_drafts))
+
+
+def load_contenders(p: dict, max_draft: int) -> tuple:
+    """(the Speculator with the target and its draft model, one with Medusa heads or None, one with a feature head
+    or None), the embedded heads by default with the embedded target, all on the widened target with --widen."""
+    from mlxspec.api import load
+    from mlxspec.bench import runner
+    from mlxspec.loading import MODELS_DIR
+    from mlxspec.speculator import Speculator
+
+    model, medusa_path, eagle_path, mtp_source = p["model"], p["medusa_path"], p["eagle_path"], p["mtp_source"]
     widen_spec = None
-    if widen:
+    if p["widen"]:
         from mlxspec.bench.widen import WidenSpec
 
-        widen_spec = WidenSpec.parse(widen)
+        widen_spec = WidenSpec.parse(p["widen"])
         if medusa_path:
             raise UserError("Medusa heads fit the target they were trained on, not its widening; drop --medusa")
     elif medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():
         medusa_path = str(MODELS_DIR / "medusa")  # heads fit the target they were trained on, not a widening
-    if (
-        eagle_path is None
-        and mtp_source is None
-        and model is None
-        and (MODELS_DIR / "eagle" / "eagle_config.json").exists()
-    ):
+    if eagle_path is None and mtp_source is None and model is None and (MODELS_DIR / "eagle").exists():
         eagle_path = str(MODELS_DIR / "eagle")  # widened with the target below: its function is preserved too
     # The embedded draft with the embedded target; otherwise only what was passed (no default prompt lookup).
-    speculator = load(model, draft or ("auto" if model is None else None), num_draft=max(num_drafts))
-    speculator.options = speculator.options.updated(kernel=kernel).validate()
-    eagle_head = None
+    speculator = load(model, p["draft"] or ("auto" if model is None else None), num_draft=max_draft)
+    speculator.options = speculator.options.updated(kernel=p["kernel"]).validate()
+    head = None
     if mtp_source:
         from mlxspec.drafting.mtp_weights import load_mtp_head
 
-        eagle_head = load_mtp_head(speculator.target, None if mtp_source == "<model>" else mtp_source)
+        head = load_mtp_head(speculator.target, None if mtp_source == "<model>" else mtp_source)
     elif eagle_path:
         from mlxspec.drafting.feature_head import load_head
 
-        eagle_head = load_head(eagle_path, speculator.target.path)  # checked against the target it was trained on
+        head = load_head(eagle_path, speculator.target.path)  # checked against the target it was trained on
         if widen_spec is not None:
             from mlxspec.bench.widen import widen_head
 
-            eagle_head = widen_head(eagle_head, widen_spec)
+            head = widen_head(head, widen_spec)
     if widen_spec is not None:
-        speculator.target = bench_module.widened_target(speculator.target, widen_spec)
-        click.echo(f"# target: {speculator.target.path.name}, {bench_module.parameter_count(speculator.target)}")
-    heads = None
+        speculator.target = runner.widened_target(speculator.target, widen_spec)
+        click.echo(f"# target: {speculator.target.path.name}, {runner.parameter_count(speculator.target)}")
+    medusa = None
     if medusa_path:
         from mlxspec.drafting.medusa import load_medusa
 
         heads = load_medusa(medusa_path, speculator.target.path)
-    if fast_blas_hint():
-        click.echo(fast_blas_hint(), err=True)
-    if verify_curve:
-        click.echo(verify_curve_report(speculator.target, speculator.draft, kernel=kernel))
-        return
-    click.echo(verify_cost_line(speculator.target, speculator.draft, max(num_drafts) + 1, kernel=kernel))
-    if speculator.draft is None and heads is None and eagle_head is None:
-        raise UserError("bench compares drafters; pass --draft, --medusa or --eagle")
-    prompts = (
-        _read_prompts(prompts_file, speculator.tokenizer, speculator.vocab_size)
-        if prompts_file
-        else bench_module.heldout_prompts(speculator.tokenizer, num_prompts, prompt_tokens)
-    )
-    from mlxspec.speculator import Speculator
+        medusa = Speculator(speculator.target, None, medusa=heads, options=speculator.options)
+    eagle = Speculator(speculator.target, None, feature_head=head, options=speculator.options) if head else None
+    return speculator, medusa, eagle
 
-    medusa = Speculator(speculator.target, None, medusa=heads, options=speculator.options) if heads else None
-    eagle = (
-        Speculator(speculator.target, None, feature_head=eagle_head, options=speculator.options) if eagle_head else None
+
+def run_and_report(p: dict, speculator, medusa, eagle, families: set[str], num_drafts: tuple[int, ...]) -> None:
+    """Every mode at every temperature, printed as tables; --json, --plot and --profile as asked."""
+    import mlx.core as mx
+
+    from mlxspec.bench import runner
+    from mlxspec.platform import blas_in_use
+
+    prompts = (
+        _read_prompts(p["prompts_file"], speculator.tokenizer, speculator.vocab_size)
+        if p["prompts_file"]
+        else runner.heldout_prompts(speculator.tokenizer, p["num_prompts"], p["prompt_tokens"])
     )
-    mode_fns = bench_module.build_modes(speculator, tuple(num_drafts), families, medusa, eagle=eagle)
-    everything, by_temp = {}, {}
+    mode_fns = runner.build_modes(speculator, num_drafts, families, medusa, eagle=eagle)
+    max_tokens, everything, by_temp = p["max_tokens"], {}, {}
     timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
     click.echo(
-        f"# {len(prompts)} prompts x {max_tokens} tokens, median of {repeats} passes that each run every mode in "
-        f"turn; speedup is the median within-pass ratio to the first mode, 'vs own' to mlxspec's own plain "
+        f"# {len(prompts)} prompts x {max_tokens} tokens, median of {p['repeats']} passes that each run every mode "
+        f"in turn; speedup is the median within-pass ratio to the first mode, 'vs own' to mlxspec's own plain "
         f"decoding; {blas_in_use()} BLAS"
         + (f" (OPENBLAS_THREAD_TIMEOUT={timeout})" if timeout else "")
         + f", device {mx.default_device()}"
     )
-    for temp in temps:
+    top_p = p["top_p"]
+    for temp in p["temps"] or (0.0, 0.7):
         click.echo(f"\n## temperature {temp}" + (f", top-p {top_p}" if top_p < 1 else ""))
-        results = bench_module.run_modes(
-            mode_fns, prompts, max_tokens, temp, top_p, repeats, progress=lambda s: click.echo(f"  {s}", err=True)
+        results = runner.run_modes(
+            mode_fns, prompts, max_tokens, temp, top_p, p["repeats"], progress=lambda s: click.echo(f"  {s}", err=True)
         )
-        click.echo(bench_module.format_table(results))
+        click.echo(runner.format_table(results))
         by_temp[str(temp)] = results
-        everything[str(temp)] = [bench_module.asdict(r) for r in results]
-        if profile and speculator.draft is not None:
-            split = bench_module.profile_split(speculator, prompts[:2], max_tokens, max(num_drafts), temp)
+        everything[str(temp)] = [runner.asdict(r) for r in results]
+        if p["profile"] and speculator.draft is not None:
+            split = runner.profile_split(speculator, prompts[:2], max_tokens, max(num_drafts), temp)
             total = sum(split.values())
             click.echo(
                 f"per-step split, draft k={max(num_drafts)} (profiling adds syncs): "
                 + ", ".join(f"{phase} {1e3 * sec:.2f} ms ({100 * sec / total:.0f}%)" for phase, sec in split.items())
             )
             everything[f"profile {temp}"] = split
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump(
-                {"prompts": len(prompts), "max_tokens": max_tokens, "blas": blas_in_use(), "results": everything},
-                f,
-                indent=1,
-            )
-    if plot_path:
-        plot(by_temp, plot_path)
+    if p["json_out"]:
+        with open(p["json_out"], "w") as f:
+            summary = {"prompts": len(prompts), "max_tokens": max_tokens, "blas": blas_in_use(), "results": everything}
+            json.dump(summary, f, indent=1)
+    if p["plot_path"]:
+        from mlxspec.bench.plot import plot
+
+        plot(by_temp, p["plot_path"])
