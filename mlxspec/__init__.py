@@ -16,7 +16,7 @@ _EXPORTS = {
     "generate": "api",
     "load": "api",
     "UserError": "errors",
-    "SamplingConfig": "sampling",
+    "SamplingConfig": "options",
 }
 __all__ = sorted(_EXPORTS)
 

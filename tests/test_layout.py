@@ -88,3 +88,11 @@ def test_the_probe_sees_mlx_when_a_command_loads_it():
     run = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "mlx" in run.stdout.strip().splitlines()[-1]
+
+
+def test_every_name_the_package_exports_resolves():
+    """`mlxspec.<name>` is imported lazily by module path: a module that moved must not leave a name dangling."""
+    import mlxspec
+
+    for name in mlxspec.__all__:
+        assert getattr(mlxspec, name) is not None, name
