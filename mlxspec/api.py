@@ -76,6 +76,8 @@ def load(
     "pipeline": under `mlx.launch`, split the target across the ranks (the drafter is replicated; -k auto becomes 4,
     since each rank would measure its own cost curve).
     """
+    if options is not None and not isinstance(options, DecodeOptions):
+        raise UserError(f"options {options!r} is a {type(options).__name__}; pass a DecodeOptions")
     given = {"num_draft": num_draft, "kv_bits": kv_bits, "draft_window": draft_window}
     options = (options or DecodeOptions()).updated(**{k: v for k, v in given.items() if v is not None}).validate()
     for name, bits in (("quantize_target", quantize_target), ("draft_bits", draft_bits)):
@@ -93,9 +95,8 @@ def load(
         sharding = start(distributed)
         if options.adaptive:
             options = options.updated(num_draft=4)
-    target = load_model(
-        model or DEFAULT_TARGET, quantize_bits=quantize_target, shard=sharding.shard if sharding else None
-    )
+    shard = sharding.shard if sharding else None
+    target = load_model(DEFAULT_TARGET if model is None else model, quantize_bits=quantize_target, shard=shard)
     if draft == "auto":
         draft = DEFAULT_DRAFT if model is None and not heads_given else None
         if draft is None and not heads_given and not options.lookup:

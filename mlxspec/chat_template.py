@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxspec.errors import UserError
+from mlxspec.text import encodable
 
 
 def encode_messages(tokenizer: Any, messages: list[dict], model_path: Path | str) -> list[int]:
@@ -14,6 +15,7 @@ def encode_messages(tokenizer: Any, messages: list[dict], model_path: Path | str
         raise UserError(
             f"'{model_path}' has no chat template; continue plain text instead (drop --chat, or use /v1/completions)"
         )
+    messages = [{**m, "content": encodable(m["content"])} if isinstance(m.get("content"), str) else m for m in messages]
     try:
         tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except Exception as error:  # a template that raises (e.g. on roles it does not know) is the caller's input

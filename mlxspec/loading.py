@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.errors import UserError
-from mlxspec.model_files import read_config, safetensors_header
+from mlxspec.model_files import read_config, refuse_special_file, safetensors_header
 from mlxspec.platform import models_dir
 
 MODELS_DIR = models_dir()
@@ -43,6 +43,10 @@ def on_cpu() -> bool:
 
 def resolve_model_path(name: str | Path) -> Path:
     """A local model directory, or a Hugging Face repo id fetched through huggingface-hub."""
+    if not isinstance(name, (str, Path)):
+        raise UserError(f"model {name!r} is a {type(name).__name__}; pass a model directory or a Hugging Face repo id")
+    if not str(name).strip():
+        raise UserError("model '' is empty; pass a model directory or a Hugging Face repo id (none: the embedded)")
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -85,6 +89,8 @@ def check_model_files(path: Path) -> None:
         )
     for file in weights:
         safetensors_header(file)
+    for name in TOKENIZER_FILES:
+        refuse_special_file(path / name)
     if not any((path / name).exists() for name in TOKENIZER_FILES):
         raise UserError(
             f"'{path}' has no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}); copy the tokenizer files of the "

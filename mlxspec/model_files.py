@@ -27,12 +27,19 @@ def _corrupt(path: Path, why: str) -> UserError:
     return UserError(f"weights file '{path}' {why}: the download is incomplete or damaged; re-download the model")
 
 
+def refuse_special_file(path: Path) -> None:
+    """A pipe or device where a file should be would block a read forever: refuse it by name."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise UserError(f"'{path}' is not a regular file (a pipe or a device?); pass the model's own files")
+
+
 def safetensors_header(path: Path) -> dict:
     """A safetensors file's tensor table (8-byte length, then JSON), checked against the file's size, so a truncated
     or garbage file (an interrupted download) is named before anything tries to map it. Reads only the header."""
     path = Path(path)
     if not path.exists():
         raise _corrupt(path, "is missing" + (" (a dangling symlink)" if path.is_symlink() else ""))
+    refuse_special_file(path)
     size = path.stat().st_size
     try:
         with open(path, "rb") as f:
@@ -68,10 +75,13 @@ def read_config(path: Path) -> dict:
     """The config as a flat language-model config (a nested text_config is lifted out)."""
     if path.is_dir():
         raise UserError(f"'{path}' is a directory, not a config.json; pass the file or the model directory")
+    refuse_special_file(path)
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read '{path}' as a config.json: {exc}") from None
+    except RecursionError:
+        raise UserError(f"'{path}' nests its JSON too deeply to be a config.json; pass a model's config.json") from None
     if not isinstance(config, dict):
         raise UserError(f"'{path}' holds JSON but not a config object; pass a model's config.json")
     return text_config(config)

@@ -12,6 +12,8 @@ from typing import Any
 
 from mlxspec.errors import UserError
 
+# Logits are divided by the temperature in float32: far below this they overflow to inf and the law becomes NaN.
+MIN_TEMPERATURE = 1e-6
 KERNEL_CHOICES = ("auto", "on", "off")  # the verify kernel (kernels/verify.py): on where built, always, never
 MAX_NUM_DRAFT = 64  # the longest chain, or the deepest tree, one step may draft
 ADAPTIVE_MAX_DRAFT = 8  # the longest chain the adaptive controller may choose
@@ -32,6 +34,11 @@ class SamplingConfig:
     def validate(self) -> None:
         if self.temperature < 0:
             raise UserError(f"temperature {self.temperature} is negative; use 0 for greedy or a value > 0")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise UserError(
+                f"temperature {self.temperature} is too small to divide logits by (the smallest is {MIN_TEMPERATURE}); "
+                "use 0 for greedy decoding, the law it approaches"
+            )
         if not 0 < self.top_p <= 1:
             raise UserError(f"top_p {self.top_p} is outside (0, 1]; use 1.0 to disable it")
         if self.top_k < 0:

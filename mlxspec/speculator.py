@@ -22,7 +22,7 @@ from mlxspec.kernels import verify as verify_kernel
 from mlxspec.loading import LoadedModel, check_compatible
 from mlxspec.options import DecodeOptions
 from mlxspec.results import Chunk, GenerationResult, Stats
-from mlxspec.text import TextStream
+from mlxspec.text import TextStream, encodable
 
 
 def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
@@ -121,8 +121,7 @@ class Speculator:
         elif isinstance(prompt, str):
             if not prompt:
                 raise UserError("the prompt is empty; pass some text to continue")
-            # Lone surrogates (undecodable bytes from argv or a file) cannot be tokenized: replace them with U+FFFD.
-            prompt = prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            prompt = encodable(prompt)  # lone surrogates cannot be tokenized: U+FFFD instead
             if chat:
                 tokens = encode_messages(self.tokenizer, [{"role": "user", "content": prompt}], self.target.path)
             else:
@@ -153,6 +152,10 @@ class Speculator:
         `options` (default: this Speculator's) with `changes` applied, e.g. stream(p, temperature=0.7, lookup=True);
         see DecodeOptions for every field.
         """
+        if options is not None and not isinstance(options, DecodeOptions):
+            raise UserError(
+                f"options {options!r} is a {type(options).__name__}; pass a DecodeOptions, or its fields as keywords"
+            )
         options = (options or self.options).updated(**changes).validate(self.vocab_size)
         stats = self.last_stats = Stats()
         tokens = self.fit_context(self.encode(prompt, options.chat), options, stats)

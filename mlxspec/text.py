@@ -5,6 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 
+def encodable(text: str) -> str:
+    """`text` with what cannot be UTF-8 encoded replaced by U+FFFD: undecodable bytes carried as lone surrogates
+    (argv, a file read with surrogateescape) and lone surrogates a JSON body may hold (\\ud800)."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # surrogates outside U+DC80-U+DCFF are not escaped bytes: one U+FFFD each
+        text = "".join("\ufffd" if 0xD800 <= ord(c) < 0xDC80 or 0xDD00 <= ord(c) <= 0xDFFF else c for c in text)
+        raw = text.encode("utf-8", "surrogateescape")
+    return raw.decode("utf-8", "replace")
+
+
 class TextStream:
     """Feeds accepted tokens to mlx-lm's streaming detokenizer and releases text that is final.
 

@@ -1,5 +1,10 @@
+import io
+import sys
+
 import pytest
 from tiny import save_tiny_model_dir
+
+from mlxspec.cli.main import main
 
 
 @pytest.fixture(scope="session")
@@ -11,3 +16,21 @@ def tiny_dirs(tmp_path_factory):
         "draft": save_tiny_model_dir(root / "draft", seed=1),
         "mismatched": save_tiny_model_dir(root / "mismatched", seed=1, tokenizer_chars="abcdefh"),
     }
+
+
+@pytest.fixture
+def cli_run(capsys, monkeypatch):
+    """Run `mlxspec ARGS` in this process: (exit status, stdout, stderr)."""
+    monkeypatch.setenv("MLXSPEC_NO_OPENBLAS", "1")
+
+    def run(*args, stdin: bytes = b""):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+        try:
+            main(["mlxspec", *map(str, args)])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

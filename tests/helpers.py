@@ -90,3 +90,12 @@ def assert_greedy_equal(model, prompt, got, expected):
     )
     gap = greedy_logit_gap(model, list(prompt) + expected, len(prompt) + first)
     assert gap < 1e-4, f"greedy output diverged at token {first} where the logit gap is {gap:.3g} (not a near-tie)"
+
+
+def assert_one_line(result, *fragments):
+    code, _, err = result
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert "Traceback" not in err and len(lines) == 1, err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]

@@ -4,7 +4,6 @@ Most cases run the command line in-process (mlxspec.cli.main) for speed; the one
 full disk, bytes in argv) run it as a subprocess.
 """
 
-import io
 import json
 import math
 import shutil
@@ -13,39 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import HANG_LIMIT
+from helpers import HANG_LIMIT, assert_one_line
 from tiny import save_tiny_model_dir
 
 import mlxspec
 from mlxspec import UserError
-from mlxspec.cli.main import main
-
-
-@pytest.fixture
-def cli_run(capsys, monkeypatch):
-    """Run `mlxspec ARGS` in this process: (exit status, stdout, stderr)."""
-    monkeypatch.setenv("MLXSPEC_NO_OPENBLAS", "1")
-
-    def run(*args, stdin: bytes = b""):
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-        try:
-            main(["mlxspec", *map(str, args)])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
-def assert_one_line(result, *fragments):
-    code, _, err = result
-    lines = err.strip().splitlines()
-    assert code == 2, err
-    assert "Traceback" not in err and len(lines) == 1, err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +103,8 @@ def test_a_damaged_weights_file_is_named_with_the_fix(cli_run, broken_models, ti
     assert_one_line(cli_run(*G, "--model", path), weights, "re-download")
     assert_one_line(cli_run(*G, "--model", tiny_dirs["target"], "--draft", path), weights, "re-download")
     assert_one_line(cli_run("plan", "--model", path), weights, "re-download")
-    assert_one_line(cli_run("train-medusa", "--model", path, "--out", path / "heads"), weights, "re-download")
+    heads = path.parent / f"heads-{damage}"  # beside the model: training into its directory is refused first
+    assert_one_line(cli_run("train-medusa", "--model", path, "--out", heads), weights, "re-download")
 
 
 def test_a_model_without_a_tokenizer_says_so_in_full(cli_run, broken_models):

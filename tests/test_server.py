@@ -17,6 +17,7 @@ import pytest
 from helpers import HANG_LIMIT
 
 KEY = "sk-test-key"
+MAX_BODY = 200_000  # the server fixture's --max-body-bytes
 PROMPT = "def add(a, b):"
 
 
@@ -56,6 +57,8 @@ def server(tmp_path_factory):
         KEY,
         "--max-queue",
         "1",
+        "--max-body-bytes",
+        str(MAX_BODY),
         "-v",
     ]
     with open(log_path, "w") as log:
@@ -167,6 +170,7 @@ def test_turning_drafting_off_per_request_changes_only_the_speed(client):
         (dict(seed=2**64), "seed"),
         (dict(top_p=1.5), "top_p"),
         (dict(extra_body={"speculative": {"num_draft": 0}}), "speculative.num_draft"),
+        (dict(temperature=1e-45), "temperature"),  # too small to divide logits by: it once sampled NaN
     ],
 )
 def test_bad_requests_get_a_400_naming_the_parameter_and_the_server_goes_on(client, kwargs, param):
@@ -185,6 +189,77 @@ def test_malformed_json_gets_a_400(server):
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 400
     assert "not valid JSON" in json.load(refused.value)["error"]["message"]
+
+
+def post(server: str, path: str, data: bytes, key: str = KEY) -> tuple[int, dict]:
+    request = urllib.request.Request(f"{server}{path}", data=data, headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=HANG_LIMIT) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.load(refused)
+
+
+def test_a_body_nested_too_deeply_gets_a_400_and_a_body_too_big_a_413(server, client):
+    status, body = post(server, "/v1/completions", b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400 and "nests too deeply" in body["error"]["message"]
+    big = json.dumps({"model": "m", "prompt": "x" * (MAX_BODY + 1)}).encode()
+    status, body = post(server, "/v1/completions", big)
+    assert (
+        status == 413
+        and body["error"]["code"] == "request_too_large"
+        and "--max-body-bytes" in body["error"]["message"]
+    )
+    assert chat(client, max_tokens=2).usage.completion_tokens == 2  # and the server goes on
+
+
+def test_lone_surrogates_in_prompts_become_replacement_characters(server):
+    """JSON may carry a lone surrogate (an escaped \\ud800); it cannot be tokenized, so it reads as U+FFFD, as in
+    generate. Sent raw: the openai client cannot encode one itself."""
+
+    def complete(prompt: str) -> tuple[int, dict]:
+        return post(
+            server, "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 4, "temperature": 0}).encode()
+        )
+
+    broken, clean = complete("import \ud800os"), complete("import \ufffdos")
+    assert broken[0] == clean[0] == 200, broken
+    assert broken[1]["choices"][0]["text"] == clean[1]["choices"][0]["text"]
+    message = {"messages": [{"role": "user", "content": "def \udc80f(x):"}], "max_tokens": 2}
+    status, body = post(server, "/v1/chat/completions", json.dumps(message).encode())
+    assert status == 200 and body["usage"]["completion_tokens"] == 2
+
+
+def test_an_unknown_model_id_gets_a_404_and_no_file_is_read(server, client):
+    served = client.models.list().data[0].id
+    assert client.models.retrieve(served).id == served
+    for unknown in ("nonexistent-model", "../../etc/passwd"):
+        request = urllib.request.Request(f"{server}/v1/models/{unknown}", headers={"Authorization": f"Bearer {KEY}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=HANG_LIMIT)
+        assert refused.value.code == 404
+        error = json.load(refused.value)["error"]
+        assert error["code"] == "not_found" and served in error["message"] and "root:" not in error["message"]
+
+
+def test_the_bearer_scheme_is_case_insensitive(server):
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        request = urllib.request.Request(f"{server}/v1/models", headers={"Authorization": f"{scheme} {KEY}"})
+        with urllib.request.urlopen(request, timeout=HANG_LIMIT) as response:
+            assert response.status == 200
+
+
+def test_a_non_ascii_key_and_one_with_spaces_around_it_authenticate():
+    """The key's UTF-8 bytes are what a client sends; starlette hands them over decoded as latin-1."""
+    from starlette.testclient import TestClient
+
+    from mlxspec.serve.server import OpenAIServer, ServeConfig
+
+    app = OpenAIServer(None, ServeConfig(model_id="m", api_key="clé")).app()
+    with TestClient(app) as http:
+        assert http.get("/v1/models", headers={"Authorization": "Bearer clé".encode()}).status_code == 200
+        assert http.get("/v1/models", headers={"Authorization": "Bearer cle"}).status_code == 401
+        assert http.get("/v1/models", headers={"Authorization": b"Bearer  cl\xc3\xa9 "}).status_code == 200
 
 
 def test_a_missing_or_wrong_key_gets_a_401(server):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import click
 
@@ -13,9 +14,9 @@ from mlxspec.errors import UserError
 BENCH_MODES = ("mlx-lm", "plain", "draft", "adaptive", "tree", "lookup", "medusa", "eagle")
 
 
-def _read_prompts(path, tokenizer, vocab: int) -> list[list[int]]:
-    """JSONL: one object per line with "prompt" (text) or "tokens" (ids)."""
-    prompts = []
+def read_prompts(path) -> list[str | list[int]]:
+    """JSONL: one object per line with "prompt" (text) or "tokens" (ids); checked before any model loads."""
+    prompts: list[str | list[int]] = []
     try:
         lines = open(path, encoding="utf-8").read().splitlines()
     except OSError as exc:
@@ -27,20 +28,43 @@ def _read_prompts(path, tokenizer, vocab: int) -> list[list[int]]:
             continue
         try:
             item = json.loads(line)
-            prompts.append(list(item["tokens"]) if "tokens" in item else tokenizer.encode(item["prompt"]))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise UserError(f'{path}:{number} is not a JSON object with "prompt" or "tokens"') from None
+        except (json.JSONDecodeError, RecursionError):
+            item = None
+        tokens = item.get("tokens") if isinstance(item, dict) else None
+        text = item.get("prompt") if isinstance(item, dict) else None
+        if isinstance(tokens, list) and tokens and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            prompts.append(tokens)
+        elif tokens is None and isinstance(text, str) and text:
+            prompts.append(text)
+        else:
+            raise UserError(
+                f'{path}:{number} is not a JSON object with "prompt" (non-empty text) or "tokens" (a list of ids)'
+            )
     if not prompts:
         raise UserError(f"prompts file '{path}' holds no prompts")
-    _tokens_in_vocab(prompts, vocab, path)
     return prompts
 
 
-def _tokens_in_vocab(prompts: list[list[int]], vocab: int, path) -> None:
-    for number, tokens in enumerate(prompts, 1):
-        bad = next((t for t in tokens if not isinstance(t, int) or not 0 <= t < vocab), None)
+def tokenized(prompts: list[str | list[int]], tokenizer, vocab: int, path) -> list[list[int]]:
+    """The prompts as token ids of this model, refusing an id outside its vocabulary."""
+    out = [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
+    for number, tokens in enumerate(out, 1):
+        bad = next((t for t in tokens if not 0 <= t < vocab), None)
         if bad is not None or not tokens:
             raise UserError(f"prompt {number} of '{path}' holds {bad!r}, not a token id of this model (0..{vocab - 1})")
+    return out
+
+
+def check_writable(flag: str, path: str) -> None:
+    """Refuse an output path that cannot be written: an empty name, a directory, or a missing or read-only folder."""
+    target = Path(path)
+    folder = target.parent
+    if not path.strip() or target.is_dir():
+        raise UserError(f"{flag} '{path}' is not a file name; pass a path to a file to write")
+    if not folder.is_dir():
+        raise UserError(f"{flag} '{path}': the folder '{folder}' does not exist; create it or pass another path")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UserError(f"{flag} '{path}' cannot be written (permissions); pass another path")
 
 
 DRAFTER_OPTIONS = [
@@ -107,11 +131,16 @@ def bench(**p) -> None:
     if unknown or not families:
         what = unknown[0] if unknown else repr(p["modes"])
         raise UserError(f"--modes {what} is not a mode; choose from {','.join(BENCH_MODES)}")
+    texts = read_prompts(p["prompts_file"]) if p["prompts_file"] else None
+    for flag, path in (("--json", p["json_out"]), ("--plot", p["plot_path"])):
+        if path is not None:
+            check_writable(flag, path)  # before the benchmark runs, so no results are lost at the end
     if p["plot_path"]:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise UserError("--plot needs matplotlib: pip install -e '.[plot]'") from None
+    from mlxspec.bench import runner
     from mlxspec.decoding.costs import verify_cost_line, verify_curve_report
     from mlxspec.platform import fast_blas_hint
 
@@ -125,7 +154,12 @@ def bench(**p) -> None:
     click.echo(verify_cost_line(speculator.target, speculator.draft, max(num_drafts) + 1, kernel=p["kernel"]))
     if speculator.draft is None and medusa is None and eagle is None:
         raise UserError("bench compares drafters; pass --draft, --medusa or --eagle")
-    run_and_report(p, speculator, medusa, eagle, families, tuple(num_drafts))
+    prompts = (
+        tokenized(texts, speculator.tokenizer, speculator.vocab_size, p["prompts_file"])
+        if texts
+        else runner.heldout_prompts(speculator.tokenizer, p["num_prompts"], p["prompt_tokens"])
+    )
+    run_and_report(p, speculator, medusa, eagle, families, tuple(num_drafts), prompts)
 
 
 def load_contenders(p: dict, max_draft: int) -> tuple:
@@ -177,18 +211,15 @@ def load_contenders(p: dict, max_draft: int) -> tuple:
     return speculator, medusa, eagle
 
 
-def run_and_report(p: dict, speculator, medusa, eagle, families: set[str], num_drafts: tuple[int, ...]) -> None:
+def run_and_report(
+    p: dict, speculator, medusa, eagle, families: set[str], num_drafts: tuple[int, ...], prompts: list[list[int]]
+) -> None:
     """Every mode at every temperature, printed as tables; --json, --plot and --profile as asked."""
     import mlx.core as mx
 
     from mlxspec.bench import runner
     from mlxspec.platform import blas_in_use
 
-    prompts = (
-        _read_prompts(p["prompts_file"], speculator.tokenizer, speculator.vocab_size)
-        if p["prompts_file"]
-        else runner.heldout_prompts(speculator.tokenizer, p["num_prompts"], p["prompt_tokens"])
-    )
     mode_fns = runner.build_modes(speculator, num_drafts, families, medusa, eagle=eagle)
     max_tokens, everything, by_temp = p["max_tokens"], {}, {}
     timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")

@@ -116,7 +116,7 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
 
         planned_draft = draft or (str(DEFAULT_DRAFT) if model is None and draft_arg == "auto" else None)
         settings = fit_to_budget(
-            str(model or DEFAULT_TARGET),
+            str(DEFAULT_TARGET if model is None else model),
             planned_draft,
             p["memory_budget"],
             prompt_chars,

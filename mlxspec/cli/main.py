@@ -54,6 +54,9 @@ class Group(click.Group):
             return super().invoke(ctx)
         except UserError as exc:
             _fail(str(exc))
+        except BrokenPipeError:  # caught here: click's own handler around invoke would exit 1
+            _quiet_stdout()
+            sys.exit(0)  # `mlxspec generate ... | head`: the reader has what it wanted
 
 
 @click.group(cls=Group)
@@ -74,6 +77,10 @@ def _quiet_stdout() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the command line: usage errors and UserErrors print one line and exit 2; Ctrl-C exits 130."""
     argv = sys.argv if argv is None else argv
+    if sys.stderr is None:  # nowhere to say anything
+        sys.exit(2)
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        _fail("standard output is closed, so there is nowhere to write; redirect it (e.g. > out.txt or > /dev/null)")
     reexec_with_openblas(argv)
     try:
         cli.main(args=argv[1:], prog_name="mlxspec", standalone_mode=False)

@@ -51,6 +51,13 @@ def served_model_id(model: str | None) -> str:
     help="Conversations whose caches are kept (each holds its KV cache); a request continues the one it shares "
     "the longest prefix with.",
 )
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1024),
+    default=16 * 2**20,
+    show_default=True,
+    help="A longer request body gets 413 before it is read further.",
+)
 @click.option("--model-id", default=None, help="The model id clients see [default: the --model name].")
 @click.option("-v", "--verbose", is_flag=True, help="Print a stats line per request to stderr.")
 def serve(**p) -> None:
@@ -65,9 +72,15 @@ def serve(**p) -> None:
 
     check_contradictions(p)
     options = options_from(p).validate()
+    api_key = p["api_key"]
+    if api_key is not None and not api_key.strip():
+        raise UserError(
+            "--api-key (or $MLXSPEC_API_KEY) is empty, which would serve without a key; pass a key, or unset it"
+        )
     config = ServeConfig(
         model_id=p["model_id"] or served_model_id(p["model"]),
-        api_key=p["api_key"] or None,
+        api_key=api_key.strip() if api_key else None,  # a key with spaces around it could never be sent back
+        max_body_bytes=p["max_body_bytes"],
         max_queue=p["max_queue"],
         max_context=p["max_context"],
         verbose=p["verbose"],

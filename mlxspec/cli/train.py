@@ -48,7 +48,7 @@ def train_heads(kind, **params) -> None:
         _train_medusa(**params)
         return
     from mlxspec.drafting.feature_head import CONFIG_FILE
-    from mlxspec.loading import DEFAULT_TARGET, load_model
+    from mlxspec.loading import DEFAULT_TARGET, load_model, resolve_model_path
     from mlxspec.train.eagle import EagleTrainConfig, train_eagle
     from mlxspec.train.medusa import prepare_out_dir
 
@@ -63,8 +63,9 @@ def train_heads(kind, **params) -> None:
         distill_sequences=params["distill_sequences"],
     )
     config.validate()
-    prepare_out_dir(Path(params["out_dir"]), CONFIG_FILE)
-    target = load_model(params["model"] or DEFAULT_TARGET)
+    model_dir = resolve_model_path(DEFAULT_TARGET if params["model"] is None else params["model"])
+    prepare_out_dir(params["out_dir"], CONFIG_FILE, model_dir)
+    target = load_model(model_dir)
     config.validate(target.context_length)
     train_eagle(target, Path(params["out_dir"]), config, log=lambda line: click.echo(line, err=True))
     click.echo(f"saved the EAGLE head to {params['out_dir']}")
@@ -81,7 +82,7 @@ def train_medusa(**params) -> None:
 
 
 def _train_medusa(model, out_dir, steps, batch_size, seq_len, lr, seed, data, heads, full_lm_heads, **_) -> None:
-    from mlxspec.loading import DEFAULT_TARGET, load_model
+    from mlxspec.loading import DEFAULT_TARGET, load_model, resolve_model_path
     from mlxspec.train.medusa import MedusaTrainConfig, prepare_out_dir
     from mlxspec.train.medusa import train_medusa as run
 
@@ -96,8 +97,9 @@ def _train_medusa(model, out_dir, steps, batch_size, seq_len, lr, seed, data, he
         shared_lm_head=not full_lm_heads,
     )
     config.validate()
-    prepare_out_dir(Path(out_dir))
-    target = load_model(model or DEFAULT_TARGET)
+    model_dir = resolve_model_path(DEFAULT_TARGET if model is None else model)
+    prepare_out_dir(out_dir, model_dir=model_dir)
+    target = load_model(model_dir)
     config.validate(target.context_length)
     run(target, Path(out_dir), config, log=lambda line: click.echo(line, err=True))
     click.echo(f"saved Medusa heads to {out_dir}")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxspec.errors import UserError
-from mlxspec.model_files import read_config, safetensors_bytes
+from mlxspec.model_files import read_config, refuse_special_file, safetensors_bytes
 
 PRESET_DIR = Path(__file__).parents[1] / "configs"
 SAFETENSORS_DTYPE_BYTES = {
@@ -43,7 +43,10 @@ def preset_names() -> list[str]:
 
 def load_metadata(name: str) -> ModelMetadata:
     """name: a preset (see `mlxspec plan --list`), a model directory, a config.json file, or a hub repo id."""
+    if not str(name).strip():
+        raise UserError("model '' is empty; pass a preset name, a model directory, a config.json or a repo id")
     path = Path(name).expanduser()
+    refuse_special_file(path)
     if name in preset_names():
         config = read_config(PRESET_DIR / f"{name}.json")
         return ModelMetadata(name, config, None, f"preset config of {config.get('_model_id', name)}")

@@ -24,12 +24,11 @@ class RequestError(Exception):
     def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str | None = None):
         super().__init__(message)
         self.message, self.param, self.status = message, param, status
-        self.kind = kind or {400: "invalid_request_error", 401: "authentication_error", 503: "overloaded_error"}.get(
-            status, "server_error"
-        )
+        kinds = {401: "authentication_error", 503: "overloaded_error", 500: "server_error"}
+        self.kind = kind or kinds.get(status, "invalid_request_error")
 
     def body(self) -> dict:
-        code = {401: "invalid_api_key", 404: "not_found", 503: "queue_full"}.get(self.status)
+        code = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large", 503: "queue_full"}.get(self.status)
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
 
 

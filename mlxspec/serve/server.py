@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import json
 import queue
+import socket
 import sys
 import threading
 import time
@@ -44,6 +45,7 @@ class ServeConfig:
     api_key: str | None = None
     max_queue: int = 16  # requests waiting behind the running one; more get 503
     max_context: int | None = None  # longest prompt in tokens a request may send (None: the model's context)
+    max_body_bytes: int = 16 * 2**20  # a longer request body gets 413 before it is parsed
     verbose: bool = False
 
 
@@ -164,8 +166,12 @@ class OpenAIServer:
     def authorize(self, request: Request) -> None:
         if self.config.api_key is None:
             return
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), self.config.api_key.encode()):
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer":  # the scheme is case-insensitive (RFC 7235)
+            given = ""
+        # Header values arrive decoded as latin-1: their bytes are what the client sent, as the key's UTF-8 is.
+        given_bytes = given.strip().encode("latin-1", "replace")
+        if not hmac.compare_digest(given_bytes, self.config.api_key.encode()):
             raise RequestError("a missing or wrong API key; send Authorization: Bearer <key>", status=401)
 
     async def health(self, request: Request) -> JSONResponse:
@@ -187,6 +193,14 @@ class OpenAIServer:
 
     async def model(self, request: Request) -> JSONResponse:
         self.authorize(request)
+        model_id = request.path_params["model_id"]
+        if model_id != self.config.model_id:
+            raise RequestError(
+                f"model {model_id!r} is not served here; this server serves {self.config.model_id!r}",
+                "model",
+                status=404,
+                kind="invalid_request_error",
+            )
         return JSONResponse(self.model_card())
 
     async def chat_completions(self, request: Request):
@@ -197,10 +211,13 @@ class OpenAIServer:
 
     async def complete(self, request: Request, kind: str):
         self.authorize(request)
+        raw = await self.read_body(request)
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise RequestError(f"the request body is not valid JSON ({error})") from None
+        except RecursionError:
+            raise RequestError("the request body nests too deeply to parse; send a flat JSON object") from None
         parsed = wire.parse_request(body, kind)
         tokens, options = await run_in_threadpool(self.prepare, parsed)
         job = Job(tokens, options, asyncio.get_running_loop())
@@ -214,6 +231,23 @@ class OpenAIServer:
         if parsed.stream:
             return StreamingResponse(self.stream(job, parsed, rid, first), media_type="text/event-stream")
         return JSONResponse(await self.collect(job, parsed, rid, first, request))
+
+    async def read_body(self, request: Request) -> bytes:
+        """The body, refused with 413 past max_body_bytes (by its declared length, or while it streams in)."""
+        limit = self.config.max_body_bytes
+        too_big = RequestError(
+            f"the request body is over this server's limit of {limit} bytes (serve --max-body-bytes)", status=413
+        )
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def prepare(self, parsed: CompletionRequest) -> tuple[list[int], DecodeOptions]:
         """Tokens and options of a request, or a 400 naming what is wrong (runs in a thread: tokenizing takes time)."""
@@ -283,10 +317,27 @@ class OpenAIServer:
             job.cancelled.set()  # a no-op once the job is done
 
 
+def check_port(host: str, port: int) -> None:
+    """Refuse, in one line, an address this machine cannot listen on or a port something else holds."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as error:
+        raise UserError(f"--host {host!r} is not an address to listen on ({error.strerror}); try 127.0.0.1") from None
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a listener still refuses
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise UserError(
+                f"--port {port} on {host} cannot be used ({error.strerror}); pass another --port or stop what holds it"
+            ) from None
+
+
 def serve(load: Callable[[], Any], config: ServeConfig, host: str, port: int) -> None:
     """Load (in the worker thread), then serve until interrupted."""
     import uvicorn
 
+    check_port(host, port)  # before loading anything, and before saying where it serves
     worker = Worker(load, config.max_queue, config.verbose)
     worker.start()
     app = OpenAIServer(worker, config).app()

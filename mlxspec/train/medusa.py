@@ -52,8 +52,17 @@ class MedusaTrainConfig:
             )
 
 
-def prepare_out_dir(out_dir: Path, config_file: str = CONFIG_FILE) -> None:
-    """Make --out, refusing a file, an unwritable place, or finished heads that training would overwrite."""
+def prepare_out_dir(out_dir: str | Path, config_file: str = CONFIG_FILE, model_dir: Path | None = None) -> None:
+    """Make --out, refusing an empty name, a file, the model's own directory (heads written there would change the
+    model's fingerprint), an unwritable place, or finished heads that training would overwrite."""
+    if not str(out_dir).strip():
+        raise UserError(f"--out '{out_dir}' names no directory; pass one for the heads (it is created if missing)")
+    out_dir = Path(out_dir)
+    if model_dir is not None and out_dir.resolve().is_relative_to(model_dir.resolve()):
+        raise UserError(
+            f"--out '{out_dir}' is inside the model directory '{model_dir}'; heads written there would change the "
+            "model itself: pass a directory of their own"
+        )
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out '{out_dir}' is a file; pass a directory (it is created if missing)")
     if (out_dir / config_file).exists() and not (out_dir / "checkpoint" / "state.json").exists():

@@ -1,0 +1,165 @@
+"""Hostile input, round two: each case gets one line on stderr and exit status 2 (or a UserError through the API),
+or works correctly. The server's cases are in test_server.py, against a real `mlxspec serve` process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+from helpers import HANG_LIMIT, assert_one_line
+
+import mlxspec
+from mlxspec import UserError
+
+G = ("generate", "def f(x):", "--max-tokens", "8")
+
+
+@pytest.mark.parametrize("temperature", ["5e-324", "1e-45", "1e-7"])
+def test_a_temperature_too_small_to_divide_by_is_refused_not_sampled_as_nan(cli_run, tiny_dirs, temperature):
+    result = cli_run(*G, "--model", tiny_dirs["target"], "--temp", temperature, "--json")
+    assert_one_line(result, f"temperature {float(temperature)}", "use 0 for greedy")
+    spec = mlxspec.load(tiny_dirs["target"], draft=None)
+    with pytest.raises(UserError, match="too small to divide logits by"):
+        spec.generate("ab", max_tokens=4, temperature=float(temperature))
+    # The smallest accepted temperature still samples a real law: tokens, not an instant EOS from NaN.
+    result = spec.generate("ab", max_tokens=4, temperature=1e-6, stop_at_eos=False)
+    assert len(result.tokens) == 4
+
+
+def test_empty_model_and_out_names_are_refused(cli_run, tiny_dirs, tmp_path, monkeypatch):
+    assert_one_line(cli_run(*G, "--model", ""), "model '' is empty")
+    monkeypatch.chdir(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    result = cli_run("train-medusa", "--model", tiny_dirs["target"], "--out", "", "--steps", "1")
+    assert_one_line(result, "--out ''", "names no directory")
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written into the current directory
+
+
+@pytest.mark.parametrize("command", ["train-medusa", "train-heads"])
+def test_training_into_the_model_directory_is_refused_and_leaves_it_untouched(cli_run, tiny_dirs, tmp_path, command):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dirs["target"], model)
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    kind = ("--kind", "medusa") if command == "train-heads" else ()
+    for out in (model, model / "heads"):
+        result = cli_run(command, *kind, "--model", model, "--out", out, "--steps", "1")
+        assert_one_line(result, "is inside the model directory")
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_bench_refuses_an_output_it_cannot_write_before_running(cli_run, tmp_path, flag):
+    result = cli_run("bench", "--modes", "draft", flag, "/nonexistent_dir/x.out")
+    assert_one_line(result, f"{flag} '/nonexistent_dir/x.out'", "does not exist")
+    assert_one_line(cli_run("bench", "--modes", "draft", flag, tmp_path), "is not a file name")
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['{"prompt": 5}', '{"tokens": [true, false]}', '{"tokens": "12"}', '{"prompt": ""}', "[1, 2]", '"text"'],
+)
+def test_bench_prompts_of_the_wrong_type_are_refused_before_running(cli_run, tmp_path, line):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f():"}\n' + line + "\n")
+    result = cli_run("bench", "--modes", "draft", "--repeats", "1", "--prompts", prompts, "--max-tokens", "2")
+    assert_one_line(result, f"{prompts}:2 is not a JSON object")
+
+
+def test_the_api_refuses_a_model_or_options_of_the_wrong_type(tiny_dirs):
+    with pytest.raises(UserError, match="model 123 is a int"):
+        mlxspec.load(model=123)
+    with pytest.raises(UserError, match="options .* is a dict; pass a DecodeOptions"):
+        mlxspec.load(tiny_dirs["target"], options={"num_draft": 2})
+    spec = mlxspec.load(tiny_dirs["target"], draft=None)
+    with pytest.raises(UserError, match="options .* is a dict; pass a DecodeOptions"):
+        spec.generate("ab", options={"max_tokens": 2})
+
+
+def test_a_lone_surrogate_in_a_prompt_becomes_a_replacement_character(tiny_dirs):
+    spec = mlxspec.load(tiny_dirs["target"], draft=None)
+    result = spec.generate("ab\ud800c", max_tokens=3, stop_at_eos=False)
+    assert result.tokens == spec.generate("ab\ufffdc", max_tokens=3, stop_at_eos=False).tokens
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_pipe_where_a_file_should_be_is_refused_not_read_forever(cli_run, tiny_dirs, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dirs["target"], model)
+    (model / "config.json").unlink()
+    os.mkfifo(model / "config.json")
+    assert_one_line(cli_run(*G, "--model", model), "is not a regular file")
+    assert_one_line(cli_run("plan", "--model", model / "config.json"), "is not a regular file")
+
+
+def run_cli(*args, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLXSPEC_NO_OPENBLAS": "1"}
+    command = [sys.executable, "-m", "mlxspec", *map(str, args)]
+    return subprocess.run(command, capture_output=True, env=env, timeout=HANG_LIMIT, **kwargs)
+
+
+def test_a_closed_stdout_gets_one_line_not_a_traceback(tiny_dirs):
+    """`mlxspec generate ... >&-`: Python starts with no sys.stdout at all."""
+    command = [sys.executable, "-m", "mlxspec", *G, "--model", str(tiny_dirs["target"])]
+    env = {**os.environ, "MLXSPEC_NO_OPENBLAS": "1"}
+    run = subprocess.run(command, stderr=subprocess.PIPE, env=env, timeout=HANG_LIMIT, preexec_fn=lambda: os.close(1))
+    err = run.stderr.decode()
+    assert run.returncode == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines() == [err.strip()] and "standard output is closed" in err
+
+
+def test_a_reader_that_stops_early_ends_generate_with_status_zero(tiny_dirs):
+    """`generate ... | head -c 10`: the closed pipe means the reader has what it wanted."""
+    env = {**os.environ, "MLXSPEC_NO_OPENBLAS": "1"}
+    command = [sys.executable, "-m", "mlxspec", *G[:2], "--max-tokens", "200", "--no-draft"]
+    command += ["--model", str(tiny_dirs["target"]), "--stop", "never-appears-here"]
+    writer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    writer.stdout.read(1)  # the first bytes, then the reader goes away
+    writer.stdout.close()
+    assert writer.wait(timeout=HANG_LIMIT) == 0
+    err = writer.stderr.read().decode()
+    assert "Traceback" not in err, err
+
+
+def test_serve_on_a_port_already_taken_says_so_in_one_line():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        run = run_cli("serve", "--port", port, "--no-draft")
+    err = run.stderr.decode()
+    assert run.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"mlxspec: error: --port {port} on 127.0.0.1 cannot be used")
+    assert "serving" not in err and "pass another --port" in err
+
+
+@pytest.mark.parametrize("key", ["", "   "])
+def test_serve_refuses_an_empty_api_key_rather_than_serving_open(key):
+    run = run_cli("serve", "--api-key", key, "--no-draft")
+    assert run.returncode == 2 and "--api-key (or $MLXSPEC_API_KEY) is empty" in run.stderr.decode()
+    env_run = subprocess.run(
+        [sys.executable, "-m", "mlxspec", "serve", "--no-draft"],
+        capture_output=True,
+        env={**os.environ, "MLXSPEC_NO_OPENBLAS": "1", "MLXSPEC_API_KEY": key},
+        timeout=HANG_LIMIT,
+    )
+    assert env_run.returncode == 2 and "is empty" in env_run.stderr.decode()
+
+
+def test_bench_prompts_hold_json_objects_only(cli_run, tmp_path):
+    """A deeply nested line is refused like any other line that is not a prompt object."""
+    prompts = tmp_path / "deep.jsonl"
+    prompts.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    result = cli_run("bench", "--modes", "draft", "--repeats", "1", "--prompts", prompts)
+    assert_one_line(result, f"{prompts}:1 is not a JSON object")
+
+
+def test_a_config_nested_too_deeply_is_refused(cli_run, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text("[" * 100_000 + "]" * 100_000)
+    assert_one_line(cli_run("plan", "--model", config), "nests its JSON too deeply")
+    json.loads("[]")  # (the parser itself still works afterwards)
