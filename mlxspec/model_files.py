@@ -23,6 +23,44 @@ def text_config(config: dict) -> dict:
     return config
 
 
+# Sizes a config states, with the largest value any real model has come near (a bound, not a guess): a value outside
+# 1..bound, or of another type, is refused by name before arithmetic or mlx-lm divides by it or allocates for it.
+CONFIG_SIZES = {
+    "vocab_size": 10**8,
+    "hidden_size": 10**6,
+    "intermediate_size": 10**7,
+    "moe_intermediate_size": 10**7,
+    "num_hidden_layers": 10**4,
+    "num_attention_heads": 10**4,
+    "num_key_value_heads": 10**4,
+    "head_dim": 10**5,
+    "max_position_embeddings": 10**9,
+    "sliding_window": 10**9,
+    "sliding_window_pattern": 10**4,
+    "num_local_experts": 10**5,
+    "num_experts": 10**5,
+    "n_routed_experts": 10**5,
+    "num_experts_per_tok": 10**5,
+}
+
+
+def check_config(config: dict, where: str) -> None:
+    """Refuse, naming the key, a config whose sizes are not whole numbers in range or whose quantization is not an
+    object: one check for generate, serve and plan alike."""
+    for key, bound in CONFIG_SIZES.items():
+        value = config.get(key)
+        values = value if isinstance(value, list) else [value]  # some families give one size per layer
+        if value is None or all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= bound for v in values):
+            continue
+        raise UserError(f"'{where}' says {key}={value!r}; it must be a whole number in 1..{bound}")
+    quantization = config.get("quantization")
+    if quantization is not None and not (
+        isinstance(quantization, dict)
+        and all(isinstance(quantization.get(k, 0), int) and quantization.get(k, 1) > 0 for k in ("bits", "group_size"))
+    ):
+        raise UserError(f"'{where}' says quantization={quantization!r}; it must be an object with bits and group_size")
+
+
 def _corrupt(path: Path, why: str) -> UserError:
     return UserError(f"weights file '{path}' {why}: the download is incomplete or damaged; re-download the model")
 
@@ -84,7 +122,9 @@ def read_config(path: Path) -> dict:
         raise UserError(f"'{path}' nests its JSON too deeply to be a config.json; pass a model's config.json") from None
     if not isinstance(config, dict):
         raise UserError(f"'{path}' holds JSON but not a config object; pass a model's config.json")
-    return text_config(config)
+    config = text_config(config)
+    check_config(config, str(path))
+    return config
 
 
 def lazy_model(config: dict):

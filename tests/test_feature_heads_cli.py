@@ -2,8 +2,8 @@
 
 import mlx.core as mx
 import pytest
+from helpers import assert_one_line
 from mlx.utils import tree_map
-from test_bad_input import assert_one_line, cli_run  # noqa: F401 (a fixture)
 
 from mlxspec.bench.widen import WidenSpec, widen, widen_head
 from mlxspec.decoding.target_features import forward_with_hidden

@@ -163,3 +163,33 @@ def test_a_config_nested_too_deeply_is_refused(cli_run, tmp_path):
     config.write_text("[" * 100_000 + "]" * 100_000)
     assert_one_line(cli_run("plan", "--model", config), "nests its JSON too deeply")
     json.loads("[]")  # (the parser itself still works afterwards)
+
+
+BAD_CONFIGS = [
+    ("max_position_embeddings", -5),
+    ("num_key_value_heads", 0),
+    ("head_dim", 0),
+    ("vocab_size", 0),
+    ("num_attention_heads", 0),
+    ("sliding_window_pattern", 0),
+    ("max_position_embeddings", "4096"),
+    ("num_local_experts", "8"),
+    ("num_hidden_layers", 10**15),
+    ("hidden_size", True),
+    ("quantization", "yes"),
+]
+
+
+@pytest.mark.parametrize("key, value", BAD_CONFIGS, ids=[f"{k}={v!r}" for k, v in BAD_CONFIGS])
+def test_a_config_with_a_size_out_of_range_or_of_the_wrong_type_is_refused_by_name(
+    cli_run, tiny_dirs, tmp_path, key, value
+):
+    """One check (model_files.check_config) for plan and generate alike, before any arithmetic divides by it."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dirs["target"], model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, key: value}))
+    assert_one_line(cli_run("plan", "--model", model / "config.json"), f"{key}={value!r}")
+    assert_one_line(cli_run(*G, "--model", model), f"{key}={value!r}")
+    with pytest.raises(UserError, match=key):
+        mlxspec.load(model, draft=None)

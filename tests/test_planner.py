@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import pytest
+from helpers import assert_one_line
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
-from test_bad_input import assert_one_line, cli_run  # noqa: F401 (a fixture)
 from tiny import make_tiny
 
 from mlxspec.cache.rollback import make_speculative_cache

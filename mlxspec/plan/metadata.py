@@ -3,7 +3,6 @@ without reading or downloading any weights."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +70,7 @@ def _hub_metadata(repo_id: str) -> ModelMetadata:
     try:
         from huggingface_hub import get_safetensors_metadata, hf_hub_download
 
-        config = json.loads(Path(hf_hub_download(repo_id, "config.json")).read_text())
+        config_path = Path(hf_hub_download(repo_id, "config.json"))
         try:
             meta = get_safetensors_metadata(repo_id)
             weight = sum(
@@ -85,4 +84,5 @@ def _hub_metadata(repo_id: str) -> ModelMetadata:
             f"could not read '{repo_id}' from the Hugging Face hub ({type(exc).__name__}); "
             "pass a local directory, a config.json or a preset name"
         ) from None
+    config = read_config(config_path)  # checked as a local config.json is
     return ModelMetadata(repo_id, config, weight, f"hub: {repo_id} (config.json + safetensors headers)")
