@@ -193,3 +193,85 @@ def test_a_config_with_a_size_out_of_range_or_of_the_wrong_type_is_refused_by_na
     assert_one_line(cli_run(*G, "--model", model), f"{key}={value!r}")
     with pytest.raises(UserError, match=key):
         mlxspec.load(model, draft=None)
+
+
+@pytest.fixture(scope="module")
+def head_dirs(tiny_dirs, tmp_path_factory):
+    """Valid Medusa heads and an EAGLE head for the tiny target, written as the trainers write them."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    from mlxspec.drafting.feature_head import new_eagle_head, save_head
+    from mlxspec.drafting.head_files import base_model_identity
+    from mlxspec.drafting.medusa import MedusaConfig, MedusaHeads, save_medusa
+    from mlxspec.loading import load_model
+
+    target = load_model(tiny_dirs["target"])
+    root = tmp_path_factory.mktemp("heads")
+    config = target.config
+    medusa = MedusaHeads(
+        MedusaConfig(
+            num_heads=2,
+            hidden_size=config["hidden_size"],
+            vocab_size=config["vocab_size"],
+            base_model_identity=base_model_identity(target.path),
+        )
+    )
+    save_medusa(medusa, root / "medusa")
+    head = new_eagle_head(target.config, target.path)
+    mx.random.seed(0)
+    head.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.3, head.parameters()))
+    save_head(head, root / "eagle")
+    return root
+
+
+def damaged(head_dirs, tmp_path, kind: str, file: str, content) -> str:
+    copy = tmp_path / kind
+    shutil.copytree(head_dirs / kind, copy)
+    target = copy / file
+    if callable(content):
+        target.write_bytes(content(target.read_bytes()))
+    else:
+        target.write_text(content)
+    return str(copy)
+
+
+DAMAGE = [
+    ("medusa", "medusa_config.json", "{x", "not a readable Medusa config"),
+    ("medusa", "medusa_config.json", "[1, 2]", "holds list, not a Medusa config object"),
+    ("medusa", "medusa_config.json", '{"num_heads": 2, "hidden_size": 8, "vocab_size": 8, "x": 1}', "unexpected"),
+    ("medusa", "medusa_config.json", '{"num_heads": 0, "hidden_size": 8, "vocab_size": 8}', "num_heads=0"),
+    ("medusa", "medusa.safetensors", lambda raw: raw[:200], "medusa.safetensors"),
+    ("eagle", "eagle.safetensors", lambda raw: raw[:200], "eagle.safetensors"),
+    ("eagle", "eagle_config.json", "[" * 100_000 + "]" * 100_000, "not a readable EAGLE head config"),
+    ("eagle", "eagle_config.json", '{"block_config": 5}', "block_config"),
+]
+
+
+@pytest.mark.parametrize("kind, file, content, message", DAMAGE, ids=[f"{d[0]}-{d[3][:24]}" for d in DAMAGE])
+def test_damaged_head_files_are_named_in_one_line(
+    cli_run, tiny_dirs, head_dirs, tmp_path, kind, file, content, message
+):
+    good = cli_run(*G, "--model", tiny_dirs["target"], f"--{kind}", head_dirs / kind, "-k", "2")
+    assert good[0] == 0, good[2]  # the undamaged heads load and draft
+    broken = damaged(head_dirs, tmp_path, kind, file, content)
+    assert_one_line(cli_run(*G, "--model", tiny_dirs["target"], f"--{kind}", broken), message)
+
+
+def test_a_damaged_checkpoint_is_named_not_resumed(cli_run, tiny_dirs, tmp_path):
+    out = tmp_path / "heads"
+    args = ("train-medusa", "--model", tiny_dirs["target"], "--out", out, "--seq-len", "16", "--batch-size", "2")
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "state.json").write_text("{not json")
+    assert_one_line(cli_run(*args, "--steps", "2"), "state.json' is damaged", "start over")
+    (out / "checkpoint" / "state.json").write_text(json.dumps({"step": 1}))  # valid, but its weights are missing
+    assert_one_line(cli_run(*args, "--steps", "2"), "has no heads.safetensors", "start over")
+
+
+@pytest.mark.parametrize(
+    "command", [("train-medusa", "--data", "self-distill"), ("train-heads", "--kind", "eagle")], ids=["medusa", "eagle"]
+)
+def test_a_sequence_too_short_to_self_distill_is_refused_before_any_work(cli_run, tiny_dirs, tmp_path, command):
+    result = cli_run(*command, "--model", tiny_dirs["target"], "--out", tmp_path / "h", "--seq-len", "32")
+    assert_one_line(result, "--seq-len 32 leaves no room", "--data corpus")
+    assert not (tmp_path / "h" / "checkpoint").exists()

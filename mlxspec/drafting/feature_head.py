@@ -13,7 +13,6 @@ it, and the result predicts the token x_{t+2}. Two styles share this module:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.decoding.target_features import final_norm, output_head, text_model
-from mlxspec.drafting.head_files import base_model_identity, save_head_files
+from mlxspec.drafting.head_files import base_model_identity, load_head_weights, read_head_config, save_head_files
 from mlxspec.errors import UserError
 from mlxspec.model_files import lazy_model
 
@@ -120,24 +119,16 @@ def save_head(head: FeatureHead, out_dir: Path) -> None:
 def load_head(path: str | Path, base_model_dir: Path) -> FeatureHead:
     """Load an EAGLE head and refuse it if it was trained on another base model."""
     path = Path(path)
-    if not (path / CONFIG_FILE).exists():
-        raise UserError(
-            f"'{path}' has no {CONFIG_FILE}; pass a directory written by `mlxspec train-heads --kind eagle`"
-        )
-    try:
-        config = FeatureHeadConfig(**json.loads((path / CONFIG_FILE).read_text()))
-    except (TypeError, json.JSONDecodeError) as error:
-        raise UserError(f"'{path / CONFIG_FILE}' is not an EAGLE head config ({error}); retrain it") from None
+    config = read_head_config(path, CONFIG_FILE, FeatureHeadConfig, "EAGLE head", "mlxspec train-heads --kind eagle")
+    if not isinstance(config.block_config, dict) or not isinstance(config.block_config.get("hidden_size"), int):
+        raise UserError(f"'{path / CONFIG_FILE}' has no block_config with a hidden_size; retrain it")
     if config.base_model_identity != base_model_identity(base_model_dir):
         raise UserError(
             f"the EAGLE head in '{path}' was trained on base model '{config.base_model}', not on "
             f"'{base_model_dir}'; train one for this model with `mlxspec train-heads --kind eagle`"
         )
     head = FeatureHead(config)
-    try:
-        head.load_weights(str(path / WEIGHTS_FILE))
-    except (ValueError, FileNotFoundError) as error:
-        raise UserError(f"the EAGLE weights in '{path}' do not fit its config ({error}); retrain it") from None
+    load_head_weights(head, path, WEIGHTS_FILE, "EAGLE")
     head.set_dtype(mx.float32)
     mx.eval(head.parameters())
     return head

@@ -6,12 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+
+from mlxspec.errors import UserError
+from mlxspec.model_files import safetensors_header
 
 
 def base_model_identity(model_dir: Path) -> str:
@@ -33,6 +36,43 @@ def save_head_files(module: nn.Module, config, out_dir: Path, weights_file: str,
     (out_dir / config_file).write_text(json.dumps(asdict(config), indent=1) + "\n")
 
 
+def read_head_config(path: Path, config_file: str, config_class: type, what: str, trainer: str):
+    """The config dataclass a heads directory holds, or one line naming the file and the fix: missing, unreadable,
+    not an object, unknown or missing keys, or a size that is not a whole number >= 1."""
+    config_path = path / config_file
+    if not config_path.is_file():
+        raise UserError(f"'{path}' has no {config_file}; pass a directory written by `{trainer}`")
+    try:
+        raw = json.loads(config_path.read_text())
+        config = config_class(**raw) if isinstance(raw, dict) else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, TypeError) as error:
+        reason = " ".join(str(error).split())
+        raise UserError(
+            f"'{config_path}' is not a readable {what} config ({reason}); retrain it with `{trainer}`"
+        ) from None
+    if config is None:
+        raise UserError(f"'{config_path}' holds {type(raw).__name__}, not a {what} config object; retrain it")
+    sizes = {f.name for f in fields(config)} & {"num_heads", "hidden_size", "vocab_size"}
+    for name in sorted(sizes):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserError(f"'{config_path}' says {name}={value!r}; it must be a whole number >= 1; retrain it")
+    return config
+
+
+def load_head_weights(module: nn.Module, path: Path, weights_file: str, what: str) -> None:
+    """module's weights from path/weights_file, or one line: missing, truncated, damaged or not fitting its config."""
+    weights = path / weights_file
+    if not weights.exists():
+        raise UserError(f"'{path}' has no {weights_file}; copy the whole {what} directory or retrain it")
+    safetensors_header(weights)  # a truncated or garbage file is named before MLX maps it
+    try:
+        module.load_weights(str(weights))
+    except (ValueError, RuntimeError) as error:
+        reason = " ".join(str(error).split())
+        raise UserError(f"the {what} weights in '{path}' do not fit its config ({reason}); retrain it") from None
+
+
 def warmup_cosine(lr: float, warmup: int, steps: int):
     """Linear warm-up from lr/20 over min(warmup, steps/2) steps, then cosine decay to lr/10 (both trainers)."""
     import mlx.optimizers as optim
@@ -45,21 +85,35 @@ def warmup_cosine(lr: float, warmup: int, steps: int):
 
 
 def checkpoint_state(ckpt: Path) -> dict:
-    """The state a checkpoint directory records ({"step": 0} when there is none yet)."""
-    return json.loads((ckpt / "state.json").read_text()) if (ckpt / "state.json").exists() else {"step": 0}
+    """The state a checkpoint directory records ({"step": 0} when there is none yet), or one line when it is
+    damaged: a resume must not guess."""
+    state_file = ckpt / "state.json"
+    if not state_file.exists():
+        return {"step": 0}
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        state = None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or isinstance(state["step"], bool):
+        raise UserError(f"the checkpoint '{state_file}' is damaged; remove '{ckpt}' to start over, or pass a new --out")
+    return state
 
 
 def resume_checkpoint(module: nn.Module, optimizer, ckpt: Path, weights_file: str, out_dir: Path) -> None:
     """Load a checkpoint's weights and optimizer state, refusing one that does not fit `module`."""
     from mlx.utils import tree_unflatten
 
-    from mlxspec.errors import UserError
-
+    fix = f"remove '{ckpt}' to start over, or pass a new --out"
+    for name in (weights_file, "opt.safetensors"):
+        if not (ckpt / name).is_file():
+            raise UserError(f"the checkpoint in '{out_dir}' has no {name}; {fix}")
     try:
         module.load_weights(str(ckpt / weights_file))
+        optimizer.state = tree_unflatten(list(mx.load(str(ckpt / "opt.safetensors")).items()))
     except ValueError:
         raise UserError(f"the checkpoint in '{out_dir}' does not fit this run's heads; pass a new --out") from None
-    optimizer.state = tree_unflatten(list(mx.load(str(ckpt / "opt.safetensors")).items()))
+    except RuntimeError:  # a truncated or garbage safetensors file
+        raise UserError(f"the checkpoint in '{out_dir}' is damaged; {fix}") from None
 
 
 def save_checkpoint(module: nn.Module, optimizer, ckpt: Path, weights_file: str, state: dict) -> None:

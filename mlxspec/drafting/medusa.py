@@ -7,7 +7,6 @@ the default) or a head-specific one.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import mlx.nn as nn
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.target_features import output_head
 from mlxspec.decoding.trees import TreeShape, rank_paths_parents, sparse_tree
-from mlxspec.drafting.head_files import base_model_identity, save_head_files
+from mlxspec.drafting.head_files import base_model_identity, load_head_weights, read_head_config, save_head_files
 from mlxspec.errors import UserError
 
 CONFIG_FILE, WEIGHTS_FILE = "medusa_config.json", "medusa.safetensors"
@@ -71,9 +70,7 @@ def save_medusa(heads: MedusaHeads, out_dir: Path) -> None:
 def load_medusa(path: str | Path, base_model_dir: Path) -> MedusaHeads:
     """Load heads and refuse them if they were trained on another base model."""
     path = Path(path)
-    if not (path / CONFIG_FILE).exists():
-        raise UserError(f"'{path}' has no {CONFIG_FILE}; pass a directory written by `mlxspec train-medusa`")
-    config = MedusaConfig(**json.loads((path / CONFIG_FILE).read_text()))
+    config = read_head_config(path, CONFIG_FILE, MedusaConfig, "Medusa", "mlxspec train-medusa")
     identity = base_model_identity(base_model_dir)
     if config.base_model_identity != identity:
         raise UserError(
@@ -81,7 +78,7 @@ def load_medusa(path: str | Path, base_model_dir: Path) -> MedusaHeads:
             f"'{base_model_dir}'; train heads for this model with `mlxspec train-medusa`"
         )
     heads = MedusaHeads(config)
-    heads.load_weights(str(path / WEIGHTS_FILE))
+    load_head_weights(heads, path, WEIGHTS_FILE, "Medusa")
     heads.set_dtype(mx.float32)
     mx.eval(heads.parameters())
     return heads

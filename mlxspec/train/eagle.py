@@ -27,7 +27,7 @@ from mlxspec.drafting.feature_head import FeatureHead, HeadOnTarget, new_eagle_h
 from mlxspec.drafting.head_files import checkpoint_state, resume_checkpoint, save_checkpoint, warmup_cosine
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
-from mlxspec.train.medusa import self_distilled_stream, token_stream
+from mlxspec.train.medusa import check_distill_length, self_distilled_stream, token_stream
 
 MAX_DEPTH = 6  # depths whose held-out agreement the config records
 
@@ -57,6 +57,7 @@ class EagleTrainConfig:
             raise UserError(
                 f"--seq-len {self.seq_len} is past the model's context of {context_length}; use at most that"
             )
+        check_distill_length(self.data, self.seq_len)
 
 
 def unrolled_mask(length: int, depths: int) -> mx.array:

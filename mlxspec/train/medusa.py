@@ -20,6 +20,7 @@ from mlxspec.drafting.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads, base
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 
+DISTILL_PROMPT = 64  # corpus tokens each self-distilled sequence starts from; the target continues them
 HEAD_DECAY = 0.8  # later heads are harder; weight their loss less, as Medusa does
 
 
@@ -50,6 +51,16 @@ class MedusaTrainConfig:
             raise UserError(
                 f"--seq-len {self.seq_len} is past the model's context of {context_length}; use at most that"
             )
+        check_distill_length(self.data, self.seq_len)
+
+
+def check_distill_length(data: str, seq_len: int) -> None:
+    """Self-distillation continues a DISTILL_PROMPT-token corpus prompt to seq_len tokens: there must be room."""
+    if data == "self-distill" and seq_len <= DISTILL_PROMPT:
+        raise UserError(
+            f"--seq-len {seq_len} leaves no room for the target's continuation after its {DISTILL_PROMPT}-token "
+            f"prompt (--data self-distill); use at least {DISTILL_PROMPT + 1}, or --data corpus"
+        )
 
 
 def prepare_out_dir(out_dir: str | Path, config_file: str = CONFIG_FILE, model_dir: Path | None = None) -> None:
@@ -110,7 +121,7 @@ def self_distilled_stream(
     from mlx_lm.generate import batch_generate
 
     rng = np.random.default_rng(cfg.seed + 1)
-    prompt_len, gen_len = 64, cfg.seq_len - 64
+    prompt_len, gen_len = DISTILL_PROMPT, cfg.seq_len - DISTILL_PROMPT
     starts = rng.integers(0, len(stream) - prompt_len, cfg.distill_sequences)
     prompts = [stream[s : s + prompt_len].tolist() for s in starts]
     pieces = []
