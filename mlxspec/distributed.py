@@ -15,8 +15,13 @@ carries rank 0's accepted count and tokens to every rank (`agree`), so ranks can
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -30,6 +35,7 @@ from mlxspec.errors import UserError
 from mlxspec.plan.rank_split import MODES, RankSplit, check_split, num_layers
 
 LAUNCH = "mlx.launch -n 2 --backend ring --python PYTHON LAUNCHER generate ... --distributed MODE"
+JOIN_TIMEOUT = 300  # seconds a rank waits for the others to join (MLXSPEC_JOIN_TIMEOUT changes it)
 
 
 @dataclass
@@ -143,13 +149,78 @@ def decode_draft(values: list[int], local: Draft | None, rank: int) -> Draft | N
     return Draft(mx.array(tokens, dtype=mx.int32), probs if has_probs else None, shape)
 
 
+def check_launch_environment() -> None:
+    """The ring backend's settings from mlx.launch (MLX_HOSTFILE, MLX_RANK), refused in one line when they cannot
+    work, before MLX reads them and raises from C++."""
+    hostfile, rank = os.environ.get("MLX_HOSTFILE"), os.environ.get("MLX_RANK")
+    if hostfile is None:
+        return
+    try:
+        hosts = json.loads(Path(hostfile).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        reason = getattr(error, "strerror", None) or type(error).__name__
+        raise UserError(
+            f"MLX_HOSTFILE '{hostfile}' cannot be read as a hostfile ({reason}); let mlx.launch write it"
+        ) from None
+    if not isinstance(hosts, list) or not hosts:
+        raise UserError(f"MLX_HOSTFILE '{hostfile}' holds no list of hosts; let mlx.launch write it")
+    if rank is not None and (not rank.isdigit() or int(rank) >= len(hosts)):
+        raise UserError(
+            f"MLX_RANK {rank} is not one of the {len(hosts)} ranks in MLX_HOSTFILE '{hostfile}' (0..{len(hosts) - 1})"
+        )
+
+
+# Run beside a rank while it joins: mx.distributed.init() blocks in C++ holding the interpreter, so nothing inside
+# the rank can time it out. After the timeout this says which ranks are not listening, then stops the rank.
+WATCHDOG = """
+import os, signal, socket, sys, time
+pid, timeout, rank, hosts = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+time.sleep(timeout)
+
+def listening(address):
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+missing = [f"{i} ({a})" for i, a in enumerate(hosts) if str(i) != rank and not listening(a)]
+print(f"mlxspec: error: rank {rank} waited {timeout:g} s for the other ranks to join; not listening: "
+      f"{', '.join(missing) or 'none (they may still be starting)'}; start every rank with mlx.launch, or raise "
+      "MLXSPEC_JOIN_TIMEOUT", file=sys.stderr, flush=True)
+os.kill(pid, signal.SIGTERM)
+"""
+
+
+def join_ranks(timeout: float) -> mx.distributed.Group:
+    """mx.distributed.init(), stopped with one line naming the ranks that are not listening when the others have not
+    joined within `timeout` seconds (a rank whose peer never starts would otherwise wait silently forever)."""
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    if hostfile is None:  # not the ring backend's launch (or no launch at all): MLX answers at once
+        return mx.distributed.init()
+    hosts = [
+        entry[0] if isinstance(entry, list) and entry else str(entry)
+        for entry in json.loads(Path(hostfile).read_text())
+    ]
+    rank = os.environ.get("MLX_RANK", "?")
+    command = [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(timeout), rank, *hosts]
+    watchdog = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        return mx.distributed.init()
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+
+
 def start(mode: str) -> Sharding:
     """Join the ranks `mlx.launch` started, or refuse in one line where there are none."""
     if mode not in MODES:
         raise UserError(f"--distributed {mode} is not a mode; use {' or '.join(MODES)}")
     if not mx.distributed.is_available():
         raise UserError("this MLX build has no distributed backend; --distributed needs one (ring, MPI or JACCL)")
-    group = mx.distributed.init()
+    check_launch_environment()
+    group = join_ranks(float(os.environ.get("MLXSPEC_JOIN_TIMEOUT", JOIN_TIMEOUT)))
     if group.size() < 2:
         raise UserError(f"--distributed {mode} runs on several ranks; start them with `{LAUNCH}`")
     sharding = Sharding(mode, group)

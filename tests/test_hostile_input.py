@@ -275,3 +275,50 @@ def test_a_sequence_too_short_to_self_distill_is_refused_before_any_work(cli_run
     result = cli_run(*command, "--model", tiny_dirs["target"], "--out", tmp_path / "h", "--seq-len", "32")
     assert_one_line(result, "--seq-len 32 leaves no room", "--data corpus")
     assert not (tmp_path / "h" / "checkpoint").exists()
+
+
+def distributed_env(hostfile, rank: str, **extra: str) -> dict:
+    return {**os.environ, "MLXSPEC_NO_OPENBLAS": "1", "MLX_HOSTFILE": str(hostfile), "MLX_RANK": rank, **extra}
+
+
+def test_a_missing_hostfile_or_a_rank_outside_it_is_one_line(tiny_dirs, tmp_path):
+    command = [sys.executable, "-m", "mlxspec", *G, "--model", str(tiny_dirs["target"]), "--distributed", "tensor"]
+    run = subprocess.run(command, capture_output=True, text=True, env=distributed_env("/nonexistent.json", "0"))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "MLX_HOSTFILE '/nonexistent.json' cannot be read" in run.stderr
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([["127.0.0.1:45811"], ["127.0.0.1:45812"]]))
+    run = subprocess.run(command, capture_output=True, text=True, env=distributed_env(hosts, "7"))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "MLX_RANK 7 is not one of the 2 ranks" in run.stderr
+
+
+def test_a_rank_whose_peer_never_starts_stops_with_one_line_naming_it(tiny_dirs, tmp_path):
+    def free() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    peer = f"127.0.0.1:{free()}"
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([[f"127.0.0.1:{free()}"], [peer]]))
+    command = [sys.executable, "-m", "mlxspec", *G, "--model", str(tiny_dirs["target"]), "--distributed", "tensor"]
+    env = distributed_env(hosts, "0", MLXSPEC_JOIN_TIMEOUT="3")
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=HANG_LIMIT)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode != 0 and len(lines) == 1, run.stderr
+    assert lines[0].startswith("mlxspec: error: rank 0 waited 3 s") and f"not listening: 1 ({peer})" in lines[0]
+
+
+def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback(tiny_dirs):
+    """Interrupted in the first second, while MLX and mlx-lm are still being imported."""
+    import signal
+    import time
+
+    env = {**os.environ, "MLXSPEC_NO_OPENBLAS": "1"}
+    command = [sys.executable, "-m", "mlxspec", *G, "--model", str(tiny_dirs["target"])]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    err = process.communicate(timeout=HANG_LIMIT)[1].decode()
+    assert process.returncode == 130 and "Traceback" not in err, (process.returncode, err)
