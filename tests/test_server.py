@@ -305,3 +305,34 @@ def test_serve_without_its_extra_says_how_to_install_it(tmp_path):
         result.stderr.strip()
         == 'mlxspec: error: mlxspec serve needs its web stack; install it with pip install "mlxspec[serve]"'
     )
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_a_signal_ends_open_streams_with_an_error_event_and_exits_zero(tmp_path, stop):
+    """Shutting down mid-stream: the client reads an error event (not a cut connection), nothing is printed as a
+    traceback, and the process exits with status 0."""
+    import signal
+
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mlxspec", "serve", "--port", str(port)], stderr=log, stdout=subprocess.DEVNULL
+        )
+    url = type("Server", (str,), {"log": log_path})(f"http://127.0.0.1:{port}")
+    try:
+        wait_healthy(url, process)
+        body = {"prompt": "def fibonacci(n):", "max_tokens": 400, "stream": True, "stop": ["never appears"]}
+        request = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode())
+        with urllib.request.urlopen(request, timeout=HANG_LIMIT) as response:
+            events = [response.readline()]  # the stream is open and generating
+            process.send_signal(getattr(signal, stop))
+            events += [line for line in response if line.startswith(b"data: ")]
+        assert process.wait(timeout=HANG_LIMIT) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    last = json.loads(events[-1].removeprefix(b"data: "))
+    assert "shutting down" in last["error"]["message"], events[-3:]
+    log = log_path.read_text()
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log

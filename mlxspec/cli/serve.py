@@ -68,7 +68,8 @@ def serve(**p) -> None:
         import uvicorn  # noqa: F401
     except ImportError:
         raise UserError('mlxspec serve needs its web stack; install it with pip install "mlxspec[serve]"') from None
-    from mlxspec.serve.server import ServeConfig, serve
+    from mlxspec.serve.launch import serve
+    from mlxspec.serve.server import ServeConfig
 
     check_contradictions(p)
     options = options_from(p).validate()

@@ -13,7 +13,6 @@ import contextlib
 import hmac
 import json
 import queue
-import socket
 import sys
 import threading
 import time
@@ -64,8 +63,9 @@ class Job:
 class Worker:
     """The thread that loads the Speculator and runs jobs FIFO. Events: chunk (a Chunk), done (Stats), error."""
 
-    def __init__(self, load: Callable[[], Any], max_queue: int, verbose: bool = False):
+    def __init__(self, load: Callable[[], Any], max_queue: int, verbose: bool = False, closing: threading.Event = None):
         self._load, self.verbose = load, verbose
+        self.closing = closing or threading.Event()  # set on shutdown: open and waiting jobs end with an error
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
         self.speculator: Any = None
         self.busy = False
@@ -105,14 +105,20 @@ class Worker:
     def run(self, job: Job) -> None:
         if job.cancelled.is_set():  # its client left while it waited
             return
+        if self.closing.is_set():
+            job.emit("error", SHUTTING_DOWN)
+            return
         spec = self.speculator
         try:
-            # closing(): stopping early exits the generator's contexts (the verify kernel's routing) right away.
+            # closing(): stopping early ends the stream now, so its caches are kept for a next request.
             with contextlib.closing(spec.stream(job.tokens, job.options)) as chunks:
                 for chunk in chunks:
                     job.emit("chunk", chunk)
-                    if job.cancelled.is_set():
+                    if job.cancelled.is_set() or self.closing.is_set():
                         break
+            if self.closing.is_set() and not job.cancelled.is_set():
+                job.emit("error", SHUTTING_DOWN)
+                return
             job.emit("done", spec.last_stats)
             self.log(spec.last_stats, job.cancelled.is_set())
         except UserError as error:
@@ -130,6 +136,9 @@ class Worker:
             print(f"mlxspec: {end} {reuse} {stats.line()}", file=sys.stderr, flush=True)
 
 
+SHUTTING_DOWN = RequestError("the server is shutting down; retry against a running one", status=503)
+
+
 def sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
@@ -137,8 +146,9 @@ def sse(obj: dict | str) -> str:
 class OpenAIServer:
     """The HTTP endpoints; each method is one route."""
 
-    def __init__(self, worker: Worker, config: ServeConfig):
+    def __init__(self, worker: Worker, config: ServeConfig, closing: threading.Event | None = None):
         self.worker, self.config = worker, config
+        self.closing = closing or threading.Event()  # set on shutdown: no new request is admitted
         self.created = int(time.time())
 
     def app(self) -> Starlette:
@@ -211,6 +221,8 @@ class OpenAIServer:
 
     async def complete(self, request: Request, kind: str):
         self.authorize(request)
+        if self.closing.is_set():
+            raise SHUTTING_DOWN
         raw = await self.read_body(request)
         try:
             body = json.loads(raw)
@@ -315,31 +327,3 @@ class OpenAIServer:
                 event = await job.events.get()
         finally:
             job.cancelled.set()  # a no-op once the job is done
-
-
-def check_port(host: str, port: int) -> None:
-    """Refuse, in one line, an address this machine cannot listen on or a port something else holds."""
-    try:
-        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as error:
-        raise UserError(f"--host {host!r} is not an address to listen on ({error.strerror}); try 127.0.0.1") from None
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a listener still refuses
-        try:
-            probe.bind(address)
-        except OSError as error:
-            raise UserError(
-                f"--port {port} on {host} cannot be used ({error.strerror}); pass another --port or stop what holds it"
-            ) from None
-
-
-def serve(load: Callable[[], Any], config: ServeConfig, host: str, port: int) -> None:
-    """Load (in the worker thread), then serve until interrupted."""
-    import uvicorn
-
-    check_port(host, port)  # before loading anything, and before saying where it serves
-    worker = Worker(load, config.max_queue, config.verbose)
-    worker.start()
-    app = OpenAIServer(worker, config).app()
-    print(f"mlxspec: serving {config.model_id} at http://{host}:{port}/v1 (OpenAI API)", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=1)
