@@ -71,3 +71,33 @@ def test_a_model_without_a_chat_template_is_refused_in_one_line(tiny_dirs):
         f"mlxspec: error: '{tiny_dirs['target']}' has no chat template, so it cannot chat; continue text with "
         "`mlxspec generate` instead"
     )
+
+
+def test_errors_and_notes_go_to_stderr_and_the_answers_to_stdout():
+    """A too-long message is refused on stderr (stdout holds only the chat itself), and the chat goes on; invalid
+    UTF-8 is replaced with U+FFFD, as generate does, not refused by the tokenizer."""
+    script = ("x = 1; " * 400).encode() + b"\n" + b"def f(\xff):\n/exit\n"
+    run = subprocess.run([*CHAT, "--max-tokens", "8"], input=script, capture_output=True, timeout=HANG_LIMIT)
+    out, err = run.stdout.decode(), run.stderr.decode()
+    assert run.returncode == 0, err
+    assert "mlxspec: error: this message is" in err and "mlxspec: error" not in out
+    assert "Traceback" not in err and "tokeniz" not in err.lower()
+    assert out.count(">>> ") == 3  # the refused message, the one with a bad byte (answered), /exit
+
+
+def test_a_system_message_too_long_for_the_context_is_named_once_up_front():
+    run = subprocess.run(
+        [*CHAT, "--system", "x = 1\n" * 300], input="hi\n", capture_output=True, text=True, timeout=HANG_LIMIT
+    )
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert run.stderr.startswith("mlxspec: error: --system is") and "shorten it" in run.stderr
+
+
+def test_dropping_the_oldest_turn_is_said_on_stderr():
+    script = "def a():\ndef b():\ndef c():\n/exit\n"
+    run = subprocess.run(
+        [*CHAT, "--max-tokens", "200"], input=script, capture_output=True, text=True, timeout=HANG_LIMIT
+    )
+    assert run.returncode == 0, run.stderr
+    assert "mlxspec: the oldest turn was dropped to leave room for an answer in the 512-token context" in run.stderr
+    assert "dropped" not in run.stdout

@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlxspec.errors import UserError
 
 WIDENABLE = ("llama", "mistral")
+MAX_WIDENED_PARAMETERS = 20e9  # a bed must fit the machine it runs on; this is already 80 GB in float32
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,14 @@ class WidenSpec:
         match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
         if not match or min(int(match.group(1)), int(match.group(2))) < 1:
             raise UserError(f"--widen {text!r} is not LAYERSxWIDTH; write it like 24x768")
-        return cls(int(match.group(1)), int(match.group(2)))
+        layers, width = int(match.group(1)), int(match.group(2))
+        parameters = 12 * layers * width**2  # attention and MLP of a llama-shaped layer, roughly
+        if parameters > MAX_WIDENED_PARAMETERS:
+            raise UserError(
+                f"--widen {layers}x{width} would build about {parameters / 1e9:,.0f}B parameters in memory; "
+                f"benchmark beds stay under {MAX_WIDENED_PARAMETERS / 1e9:.0f}B (24x768 is 0.17B)"
+            )
+        return cls(layers, width)
 
 
 def widened_config(config: dict, spec: WidenSpec) -> dict:

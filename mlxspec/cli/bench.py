@@ -185,27 +185,28 @@ def load_contenders(p: dict, max_draft: int) -> tuple:
     # The embedded draft with the embedded target; otherwise only what was passed (no default prompt lookup).
     speculator = load(model, p["draft"] or ("auto" if model is None else None), num_draft=max_draft)
     speculator.options = speculator.options.updated(kernel=p["kernel"]).validate()
+    original = speculator.target  # heads are checked against the target they were trained on
+    if widen_spec is not None:  # the target first: a spec that cannot hold it is named as given
+        speculator.target = runner.widened_target(speculator.target, widen_spec)
+        click.echo(f"# target: {speculator.target.path.name}, {runner.parameter_count(speculator.target)}")
     head = None
     if mtp_source:
         from mlxspec.drafting.mtp_weights import load_mtp_head
 
-        head = load_mtp_head(speculator.target, None if mtp_source == "<model>" else mtp_source)
+        head = load_mtp_head(original, None if mtp_source == "<model>" else mtp_source)
     elif eagle_path:
         from mlxspec.drafting.feature_head import load_head
 
-        head = load_head(eagle_path, speculator.target.path)  # checked against the target it was trained on
+        head = load_head(eagle_path, original.path)
         if widen_spec is not None:
             from mlxspec.bench.widen import widen_head
 
             head = widen_head(head, widen_spec)
-    if widen_spec is not None:
-        speculator.target = runner.widened_target(speculator.target, widen_spec)
-        click.echo(f"# target: {speculator.target.path.name}, {runner.parameter_count(speculator.target)}")
     medusa = None
     if medusa_path:
         from mlxspec.drafting.medusa import load_medusa
 
-        heads = load_medusa(medusa_path, speculator.target.path)
+        heads = load_medusa(medusa_path, original.path)
         medusa = Speculator(speculator.target, None, medusa=heads, options=speculator.options)
     eagle = Speculator(speculator.target, None, feature_head=head, options=speculator.options) if head else None
     return speculator, medusa, eagle

@@ -45,6 +45,19 @@ class ChatSession:
         self.start = [{"role": "system", "content": system}] if system else []
         self.messages = list(self.start)
         self.last_stats = None
+        if system:  # a system message that leaves no room for a turn is its own fault, said once, up front
+            tokens = encode_messages(speculator.tokenizer, self.start, speculator.target.path)
+            context = speculator.target.context_length
+            if context and len(tokens) + self.room() >= context:
+                raise UserError(
+                    f"--system is {len(tokens)} tokens, which leaves no room for a message and an answer in the "
+                    f"{context}-token context; shorten it"
+                )
+
+    def room(self) -> int:
+        """Tokens kept free for the answer."""
+        context = self.spec.target.context_length
+        return min(self.spec.options.max_tokens, context // 2) if context else 0
 
     def reset(self) -> None:
         self.messages = list(self.start)
@@ -56,20 +69,22 @@ class ChatSession:
         context = self.spec.target.context_length
         while True:
             tokens = encode_messages(self.spec.tokenizer, self.messages, self.spec.target.path)
-            room = min(self.spec.options.max_tokens, context // 2) if context else 0
-            if context is None or len(tokens) + room <= context:
+            if context is None or len(tokens) + self.room() <= context:
                 return tokens
             oldest = len(self.start)
             if len(self.messages) - oldest <= 1:
                 raise UserError(f"this message is {len(tokens)} tokens, too long for the {context}-token context")
             del self.messages[oldest : oldest + 2]  # the oldest question and its answer
-            note("(the oldest turn was dropped to fit the context)")
+            note(f"mlxspec: the oldest turn was dropped to leave room for an answer in the {context}-token context")
 
-    def answer(self, text: str, write: Callable[[str], None], stop: threading.Event) -> None:
-        """Stream the answer to `text`; `stop` ends it at the next step. The answer joins the conversation."""
+    def answer(
+        self, text: str, write: Callable[[str], None], stop: threading.Event, note: Callable[[str], None] = print
+    ) -> None:
+        """Stream the answer to `text`; `stop` ends it at the next step; `note` says what was dropped to fit the
+        context. The answer joins the conversation."""
         self.messages.append({"role": "user", "content": text})
         try:
-            tokens = self.prompt_tokens(lambda line: write(line + "\n"))
+            tokens = self.prompt_tokens(note)
         except UserError:
             self.messages.pop()
             raise
@@ -86,7 +101,11 @@ class ChatSession:
         self.last_stats = self.spec.last_stats
 
 
-def run_chat(speculator: Any, system: str | None, verbose: bool, read=input, out: TextIO = sys.stdout) -> None:
+def run_chat(
+    speculator: Any, system: str | None, verbose: bool, read=input, out: TextIO = sys.stdout, err: TextIO | None = None
+) -> None:
+    """The terminal chat: answers on `out`, notes and errors on `err` (standard error)."""
+    err = err or sys.stderr
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
 
@@ -95,6 +114,9 @@ def run_chat(speculator: Any, system: str | None, verbose: bool, read=input, out
     def write(text: str) -> None:
         out.write(text)
         out.flush()
+
+    def note(line: str) -> None:
+        print(line, file=err, flush=True)
 
     write(f"mlxspec chat with {speculator.target.path.name}; {HELP}.\n")
     while True:
@@ -119,8 +141,8 @@ def run_chat(speculator: Any, system: str | None, verbose: bool, read=input, out
             stop = threading.Event()
             try:
                 with ctrl_c_sets(stop):
-                    session.answer(line, write, stop)
+                    session.answer(line, write, stop, note)
             except UserError as error:
-                write(f"mlxspec: error: {error}\n")
+                note(f"mlxspec: error: {error}")
             if verbose and session.last_stats is not None:
                 write(stats_line(session.last_stats) + "\n")
