@@ -91,11 +91,27 @@ def check_model_files(path: Path) -> None:
         safetensors_header(file)
     for name in TOKENIZER_FILES:
         refuse_special_file(path / name)
+    check_tokenizer_json(path / "tokenizer.json")
     if not any((path / name).exists() for name in TOKENIZER_FILES):
         raise UserError(
             f"'{path}' has no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}); copy the tokenizer files of the "
             "model it was converted from into it"
         )
+
+
+def check_tokenizer_json(file: Path) -> None:
+    """Name an unreadable or damaged tokenizer.json itself (it is not the weights that need fetching again)."""
+    if not file.exists():
+        return
+    try:
+        json.loads(file.read_text(encoding="utf-8"))
+    except PermissionError:
+        raise UserError(f"'{file}' is not readable; check its permissions") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        reason = type(error).__name__
+        raise UserError(
+            f"'{file}' cannot be read as a tokenizer ({reason}); copy the tokenizer files of the model it came from"
+        ) from None
 
 
 def load_model(

@@ -179,7 +179,8 @@ class Speculator:
         drafter, controller, stats.note = self._drafting(options, target, head)
         stats.note = stats.note or tree_note
         stats.mode = describe_drafter(drafter, options)
-        stats.num_draft = 0 if drafter is None else ("auto" if controller is not None else options.depth)
+        depth = min(options.depth, drafter.max_depth or options.depth) if drafter is not None else 0
+        stats.num_draft = 0 if drafter is None else ("auto" if controller is not None else depth)
         reuse = self._reuse(tokens, drafter, options)
         if self.prompt_cache is not None:
             stats.reused_tokens, stats.prompt_cache = reuse.target_tokens, reuse.how
@@ -237,8 +238,12 @@ class Speculator:
             room = engine.room()  # positions left in the target's context after the pending token
             if saw_eos:
                 finish = "stop"
-            elif stats.generated_tokens >= options.max_tokens or (room is not None and room < 0):
+            elif stats.generated_tokens >= options.max_tokens:
                 finish = "length"
+            elif room is not None and room < 0:
+                finish = "length"
+                full = f"the {self.target.context_length}-token context is full: stopped before max_tokens"
+                stats.note = f"{stats.note}; {full}" if stats.note else full
             piece, stopped = text.add(new_tokens, final=finish is not None)
             finish = "stop" if stopped else finish
             stats.generation_seconds = time.perf_counter() - start

@@ -322,3 +322,47 @@ def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback(tiny_dirs)
     process.send_signal(signal.SIGINT)
     err = process.communicate(timeout=HANG_LIMIT)[1].decode()
     assert process.returncode == 130 and "Traceback" not in err, (process.returncode, err)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "unreadable"])
+def test_a_damaged_tokenizer_is_named_not_blamed_on_the_weights(cli_run, tiny_dirs, tmp_path, damage):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dirs["target"], model)
+    tokenizer = model / "tokenizer.json"
+    if damage == "garbage":
+        tokenizer.write_text('{"version": "1.0", "model": ')
+        expected = "cannot be read as a tokenizer"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root reads files whatever their permissions")
+        tokenizer.chmod(0)
+        expected = "is not readable"
+    result = cli_run(*G, "--model", model)
+    assert_one_line(result, f"'{tokenizer}'", expected)
+    assert "re-download" not in result[2]
+
+
+def test_the_truncation_note_comes_before_the_text_and_a_full_context_is_said():
+    """On a terminal the --truncate note once printed after the answer; a run stopped by the context (not by
+    --max-tokens) ended with finish 'length' and no word about why."""
+    env = {**os.environ, "MLXSPEC_NO_OPENBLAS": "1"}
+    long_prompt = "x = 1\n" * 400  # past the embedded model's 512-token context
+    command = [sys.executable, "-m", "mlxspec", "generate", long_prompt, "--truncate", "--max-tokens", "8"]
+    run = subprocess.run(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=HANG_LIMIT
+    )
+    assert run.returncode == 0 and run.stdout.startswith("mlxspec: --truncate kept the last"), run.stdout[:300]
+    spec = mlxspec.load()
+    result = spec.generate("def f(x):", max_tokens=600, stop_at_eos=False)
+    assert result.finish_reason == "length" and len(result.tokens) < 600
+    assert "context is full" in result.stats.note
+
+
+def test_medusa_reports_the_depth_it_can_draft_not_the_one_asked():
+    from mlxspec.loading import MODELS_DIR
+
+    spec = mlxspec.load(medusa=MODELS_DIR / "medusa", draft=None)
+    heads = spec.medusa.config.num_heads
+    result = spec.generate("import os", max_tokens=16, num_draft=8)
+    assert result.stats.num_draft == heads < 8
+    assert result.stats.drafted <= heads * result.stats.target_calls

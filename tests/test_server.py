@@ -303,7 +303,8 @@ def test_serve_without_its_extra_says_how_to_install_it(tmp_path):
     assert result.returncode == 2
     assert (
         result.stderr.strip()
-        == 'mlxspec: error: mlxspec serve needs its web stack; install it with pip install "mlxspec[serve]"'
+        == "mlxspec: error: mlxspec serve needs Starlette and uvicorn; from a checkout: pip install -e '.[serve]'; "
+        "installed with pipx: pipx inject mlxspec starlette uvicorn"
     )
 
 

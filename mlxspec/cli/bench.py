@@ -139,7 +139,10 @@ def bench(**p) -> None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise UserError("--plot needs matplotlib: pip install -e '.[plot]'") from None
+            raise UserError(
+                "--plot needs matplotlib; from a checkout: pip install -e '.[plot]'; installed with pipx: "
+                "pipx inject mlxspec matplotlib"
+            ) from None
     from mlxspec.bench import runner
     from mlxspec.decoding.costs import verify_cost_line, verify_curve_report
     from mlxspec.platform import fast_blas_hint

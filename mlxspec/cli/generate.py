@@ -183,28 +183,34 @@ def run_generate(prompt: str, p: dict, echo: Callable) -> None:
                 }
             )
         )
+        report_truncation(stats, echo)
     else:
-        for chunk in speculator.stream(prompt):
+        for number, chunk in enumerate(speculator.stream(prompt)):
+            if number == 0:  # said before the text, not after it on a terminal
+                report_truncation(speculator.last_stats, echo)
             echo(chunk.text, nl=False)
         echo()
         stats = speculator.last_stats
     report(stats, p["verbose"], echo)
 
 
-def report(stats, verbose: bool, echo: Callable) -> None:
-    """The notes a user must see (truncation, a fallback to plain decoding) and, with -v, the stats line."""
-    from mlxspec.platform import fast_blas_hint
-
+def report_truncation(stats, echo: Callable) -> None:
     if stats.prompt_truncated_from:
         echo(
             f"mlxspec: --truncate kept the last {stats.prompt_tokens} of {stats.prompt_truncated_from} prompt tokens",
             err=True,
         )
+
+
+def report(stats, verbose: bool, echo: Callable) -> None:
+    """The notes a user must see (a fallback to plain decoding, a full context) and, with -v, the stats line."""
+    from mlxspec.platform import fast_blas_hint
+
     if stats.kernel.startswith("unavailable"):
         echo(f"mlxspec: running without the verify kernel: {stats.kernel.removeprefix('unavailable: ')}", err=True)
     if stats.note:
         echo(f"mlxspec: {stats.note}", err=True)
-        hint = fast_blas_hint()
+        hint = fast_blas_hint() if "decoding plainly" in stats.note else None
         if hint:
             echo(hint, err=True)
     if verbose:

@@ -62,12 +62,15 @@ def served_model_id(model: str | None) -> str:
 @click.option("-v", "--verbose", is_flag=True, help="Print a stats line per request to stderr.")
 def serve(**p) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions), speculatively
-    and exactly, reusing the prompt cache across requests. Needs `pip install "mlxspec[serve]"`."""
+    and exactly, reusing the prompt cache across requests. Needs Starlette and uvicorn (pip install -e ".[serve]")."""
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise UserError('mlxspec serve needs its web stack; install it with pip install "mlxspec[serve]"') from None
+        raise UserError(
+            "mlxspec serve needs Starlette and uvicorn; from a checkout: pip install -e '.[serve]'; "
+            "installed with pipx: pipx inject mlxspec starlette uvicorn"
+        ) from None
     from mlxspec.serve.launch import serve
     from mlxspec.serve.server import ServeConfig
 

@@ -34,6 +34,7 @@ class Drafter(Protocol):
     calls: int
     uses_target_hidden: bool = False  # True: the engine hands over the target's hidden state after every step
     max_nodes: int = 0  # the most nodes one proposal may hold (0: no more than the engine's num_draft)
+    max_depth: int = 0  # the deepest it can draft whatever it is asked (Medusa: its heads); 0: as deep as asked
 
     def prefill(self, history: Sequence[int]) -> None:
         """Start on `history`, the engine's committed tokens (the prompt so far; its last token is where drafting

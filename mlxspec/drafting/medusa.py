@@ -92,6 +92,7 @@ class MedusaDrafter(Drafter):
     def __init__(self, heads: MedusaHeads, target: nn.Module, tree_nodes: int | None = None, tree_topk: int = 1):
         self.heads, self.base_head = heads, output_head(target)
         num_heads = heads.config.num_heads
+        self.max_depth = num_heads  # head h guesses the token h + 1 ahead; there is no deeper guess
         if tree_topk > 1:
             accuracy = heads.config.topk_accuracy or [[0.5 ** (r + 1) for r in range(tree_topk)]] * num_heads
             self.paths = sparse_tree(accuracy, tree_nodes or 4 * tree_topk, tree_topk)
