@@ -23,36 +23,38 @@ def text_config(config: dict) -> dict:
     return config
 
 
-# Sizes a config states, with the largest value any real model has come near (a bound, not a guess): a value outside
-# 1..bound, or of another type, is refused by name before arithmetic or mlx-lm divides by it or allocates for it.
+# Sizes a config states: (smallest, largest) that any real model uses (bounds, not guesses). A value outside them, or
+# of another type, is refused by name before arithmetic or mlx-lm divides by it or allocates for it. Expert counts
+# may be 0 (a dense model).
 CONFIG_SIZES = {
-    "vocab_size": 10**8,
-    "hidden_size": 10**6,
-    "intermediate_size": 10**7,
-    "moe_intermediate_size": 10**7,
-    "num_hidden_layers": 10**4,
-    "num_attention_heads": 10**4,
-    "num_key_value_heads": 10**4,
-    "head_dim": 10**5,
-    "max_position_embeddings": 10**9,
-    "sliding_window": 10**9,
-    "sliding_window_pattern": 10**4,
-    "num_local_experts": 10**5,
-    "num_experts": 10**5,
-    "n_routed_experts": 10**5,
-    "num_experts_per_tok": 10**5,
+    "vocab_size": (1, 10**8),
+    "hidden_size": (1, 10**6),
+    "intermediate_size": (1, 10**7),
+    "moe_intermediate_size": (1, 10**7),
+    "num_hidden_layers": (1, 10**4),
+    "num_attention_heads": (1, 10**4),
+    "num_key_value_heads": (1, 10**4),
+    "head_dim": (1, 10**5),
+    "max_position_embeddings": (1, 10**9),
+    "sliding_window_pattern": (1, 10**4),
+    "num_local_experts": (0, 10**5),
+    "num_experts": (0, 10**5),
+    "n_routed_experts": (0, 10**5),
+    "num_experts_per_tok": (0, 10**5),
 }
 
 
 def check_config(config: dict, where: str) -> None:
     """Refuse, naming the key, a config whose sizes are not whole numbers in range or whose quantization is not an
     object: one check for generate, serve and plan alike."""
-    for key, bound in CONFIG_SIZES.items():
+    for key, (low, high) in CONFIG_SIZES.items():
         value = config.get(key)
         values = value if isinstance(value, list) else [value]  # some families give one size per layer
-        if value is None or all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= bound for v in values):
+        if key == "sliding_window_pattern" and isinstance(value, str) and value:
+            continue  # exaone4 spells its pattern out ("LLGL")
+        if value is None or all(isinstance(v, int) and not isinstance(v, bool) and low <= v <= high for v in values):
             continue
-        raise UserError(f"'{where}' says {key}={value!r}; it must be a whole number in 1..{bound}")
+        raise UserError(f"'{where}' says {key}={value!r}; it must be a whole number in {low}..{high}")
     quantization = config.get("quantization")
     if quantization is not None and not (
         isinstance(quantization, dict)

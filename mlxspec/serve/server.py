@@ -63,7 +63,9 @@ class Job:
 class Worker:
     """The thread that loads the Speculator and runs jobs FIFO. Events: chunk (a Chunk), done (Stats), error."""
 
-    def __init__(self, load: Callable[[], Any], max_queue: int, verbose: bool = False, closing: threading.Event = None):
+    def __init__(
+        self, load: Callable[[], Any], max_queue: int, verbose: bool = False, closing: threading.Event | None = None
+    ):
         self._load, self.verbose = load, verbose
         self.closing = closing or threading.Event()  # set on shutdown: open and waiting jobs end with an error
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
@@ -106,7 +108,7 @@ class Worker:
         if job.cancelled.is_set():  # its client left while it waited
             return
         if self.closing.is_set():
-            job.emit("error", SHUTTING_DOWN)
+            job.emit("error", shutting_down())
             return
         spec = self.speculator
         try:
@@ -117,7 +119,7 @@ class Worker:
                     if job.cancelled.is_set() or self.closing.is_set():
                         break
             if self.closing.is_set() and not job.cancelled.is_set():
-                job.emit("error", SHUTTING_DOWN)
+                job.emit("error", shutting_down())
                 return
             job.emit("done", spec.last_stats)
             self.log(spec.last_stats, job.cancelled.is_set())
@@ -136,7 +138,9 @@ class Worker:
             print(f"mlxspec: {end} {reuse} {stats.line()}", file=sys.stderr, flush=True)
 
 
-SHUTTING_DOWN = RequestError("the server is shutting down; retry against a running one", status=503)
+def shutting_down() -> RequestError:
+    """What a request gets once the server is stopping (a new error each time: they are raised and relayed)."""
+    return RequestError("the server is shutting down; retry against a running one", status=503)
 
 
 def sse(obj: dict | str) -> str:
@@ -222,7 +226,7 @@ class OpenAIServer:
     async def complete(self, request: Request, kind: str):
         self.authorize(request)
         if self.closing.is_set():
-            raise SHUTTING_DOWN
+            raise shutting_down()
         raw = await self.read_body(request)
         try:
             body = json.loads(raw)
