@@ -366,3 +366,19 @@ def test_medusa_reports_the_depth_it_can_draft_not_the_one_asked():
     result = spec.generate("import os", max_tokens=16, num_draft=8)
     assert result.stats.num_draft == heads < 8
     assert result.stats.drafted <= heads * result.stats.target_calls
+
+
+def test_a_budget_refusal_points_to_a_plan_that_shows_the_same_numbers(cli_run):
+    """`--memory-budget` once suggested a plan without the draft, computed in another dtype: other numbers."""
+    import re
+    import shlex
+
+    code, _, err = cli_run("generate", "import os", "--memory-budget", "300MB")
+    assert code == 2, err
+    needed = float(re.search(r"these settings need ([\d.]+) GiB", err).group(1))
+    command = shlex.split(re.search(r"`(mlxspec plan [^`]+)`", err).group(1))
+    assert "--draft" in command
+    code, out, plan_err = cli_run(*command[1:])
+    assert code == 0, plan_err
+    total = float(re.search(r"total\s+([\d.]+) GiB", out).group(1))
+    assert round(total, 2) == needed

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from mlxspec.errors import UserError
-from mlxspec.plan.devices import Device, live_device, parse_size
+from mlxspec.plan.devices import Device, parse_size, this_backend
 from mlxspec.plan.metadata import load_metadata
 from mlxspec.plan.planner import PlanRequest, make_plan, total_bytes
 from mlxspec.platform import GiB
@@ -19,6 +19,21 @@ AUTO_FIXES = {
     "--quantize-target 4": {"quantize_target": 4},
     "--draft-bits 4": {"draft_bits": 4},
 }
+
+
+def plan_command(model: str, draft: str | None, budget: str, request: PlanRequest) -> str:
+    """The `mlxspec plan` command that reproduces this plan's numbers: the same models, context and settings."""
+    words = ["mlxspec plan --model", model]
+    words += ["--draft", draft] if draft else []
+    words += ["--memory", budget, "--context", str(request.context), "-k", str(request.num_draft)]
+    for flag, value in (
+        ("--target-bits", request.target_bits),
+        ("--draft-bits", request.draft_bits),
+        ("--kv-bits", request.kv_bits),
+        ("--draft-window", request.draft_window),
+    ):
+        words += [flag, str(value)] if value else []
+    return " ".join(words)
 
 
 def fit_to_budget(
@@ -39,7 +54,7 @@ def fit_to_budget(
     import mlx.core as mx
 
     size = parse_size(budget)
-    device = Device(f"{budget} budget", size, size, "--memory-budget", backend=live_device().backend)
+    device = Device(f"{budget} budget", size, size, "--memory-budget", backend=this_backend())
     target = load_metadata(model)
     context = prompt_chars + max_tokens
     if target.config.get("max_position_embeddings"):
@@ -66,7 +81,7 @@ def fit_to_budget(
                 advice = f"try `{fitting['how']}`" if fitting else "no change mlxspec knows of fits it"
             raise UserError(
                 f"these settings need {plan.total_bytes / GiB:.2f} GiB but the budget is {size / GiB:.2f} GiB; "
-                f"{advice}; `mlxspec plan --model {model} --memory {budget}` shows the details"
+                f"{advice}; `{plan_command(model, draft, budget, request)}` shows the details"
             )
         settings = {**settings, **AUTO_FIXES[fix["how"]]}
         report(f"mlxspec: --auto: {fix['change']} ({fix['how']}), to fit {budget}")

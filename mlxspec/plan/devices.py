@@ -58,6 +58,12 @@ def parse_size(text: str) -> int:
     return size
 
 
+def this_backend() -> str:
+    """Where MLX computes on this machine, without importing it: the GPU on a Mac (Metal), on Linux the GPU where
+    MLX's CUDA build is installed, else the CPU (which computes in float32)."""
+    return "gpu" if sys.platform == "darwin" else _mlx_backend_without_importing_it()
+
+
 def _mlx_backend_without_importing_it() -> str:
     """ "gpu" where MLX's CUDA build is installed, else "cpu": read from the installed distributions, so a plan on
     Linux never imports MLX."""
@@ -100,6 +106,7 @@ def resolve_device(preset: str | None = None, memory: str | None = None) -> Devi
             size,
             f"--memory as given ({size / GiB:.2f} GiB), all of it usable; a Mac lets MLX use less than its RAM "
             "(a 16 GB Mac: --device m2-16gb, 10.7 GiB)",
+            this_backend(),  # computing where this machine computes, as generate --memory-budget plans
         )
     if preset:
         if preset not in PRESETS:
