@@ -382,3 +382,17 @@ def test_a_budget_refusal_points_to_a_plan_that_shows_the_same_numbers(cli_run):
     assert code == 0, plan_err
     total = float(re.search(r"total\s+([\d.]+) GiB", out).group(1))
     assert round(total, 2) == needed
+
+
+def test_the_plan_says_only_what_applies(cli_run):
+    """No drafter: no "drafter overhead 0.000 GiB" and no Medusa line; a small model's size in millions, not 0.00B;
+    a draft that does not fit still gets its max-context line ("none fits") instead of losing it."""
+    from mlxspec.loading import MODELS_DIR
+
+    target, draft = MODELS_DIR / "target", MODELS_DIR / "draft"
+    code, out, err = cli_run("plan", "--model", target, "--memory", "16GB")
+    assert code == 0, err
+    assert "drafter overhead" not in out and "medusa" not in out and "11.0M params" in out and "0.00B" not in out
+    code, out, err = cli_run("plan", "--model", target, "--draft", draft, "--memory", "470MB")
+    assert code == 0, err
+    assert "DOES NOT FIT" in out and "max context, target + draft   none fits" in out

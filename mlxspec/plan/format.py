@@ -27,12 +27,17 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {item.name:18s} {item.bytes / GiB:9.3f} GiB  {item.note}")
     lines.append(f"  {'total':18s} {plan.total_bytes / GiB:9.3f} GiB  of {plan.budget_bytes / GiB:.2f} GiB")
     lines.append("")
-    lines.append(
-        ("FITS" if plan.fits else "DOES NOT FIT") + f": drafter overhead {plan.drafter_overhead_bytes / GiB:.3f} GiB "
-        f"({plan.drafter_overhead_percent:.1f}% of the budget)"
-    )
+    drafted = bool(r["draft"] or r["medusa_heads"])
+    verdict = "FITS" if plan.fits else "DOES NOT FIT"
+    if drafted:  # with no drafter there is no overhead to state
+        verdict += (
+            f": drafter overhead {plan.drafter_overhead_bytes / GiB:.3f} GiB "
+            f"({plan.drafter_overhead_percent:.1f}% of the budget)"
+        )
+    lines.append(verdict)
     for name, ctx in plan.max_context.items():
-        if ctx is not None or name != "target + draft":
+        wanted = name == "target alone" or (name == "target + draft" and r["draft"]) or (drafted and "medusa" in name)
+        if wanted:
             lines.append(f"  max context, {name:16s} {ctx if ctx is not None else 'none fits'}")
     if plan.recommendations:
         lines.append("")

@@ -74,7 +74,8 @@ def model_weight_bytes(meta: ModelMetadata, bits: int | None, group_size: int, d
     params = mm.count_parameters(meta.config)
     if meta.weight_bytes and device.backend != "cpu" and bits == stored.get("bits"):
         return meta.weight_bytes, "exact, from safetensors headers"
-    note = f"{params.total / 1e9:.2f}B params" + (f", {bits}-bit g{group_size}" if bits else f", {dtype}")
+    count = f"{params.total / 1e9:.2f}B" if params.total >= 1e8 else f"{params.total / 1e6:.1f}M"  # 0.00B says nothing
+    note = f"{count} params" + (f", {bits}-bit g{group_size}" if bits else f", {dtype}")
     return mm.weight_bytes(params, bits, group_size, dtype), note
 
 
