@@ -396,3 +396,16 @@ def test_the_plan_says_only_what_applies(cli_run):
     code, out, err = cli_run("plan", "--model", target, "--draft", draft, "--memory", "470MB")
     assert code == 0, err
     assert "DOES NOT FIT" in out and "max context, target + draft   none fits" in out
+
+
+def test_the_bench_table_aligns_long_names_shows_ranges_only_from_several_passes_and_names_the_fastest():
+    from mlxspec.bench.runner import ModeResult, format_table
+
+    one_pass = ModeResult("mlx-lm plain", 10.0, 10.0, 10.0, 0.0, 1.0, 1.0, 2**20, 1.0, 0.0)
+    long_name = ModeResult("mlxspec eagle tree 16n beam 4 (long)", 12.0, 11.0, 13.0, 0.5, 2.0, 0.5, 2**21, 1.2, 1.1)
+    lines = format_table([one_pass, long_name]).splitlines()
+    header, rows = lines[0], lines[2:4]
+    speedup_end = header.index("speedup") + len("speedup")
+    assert [row.index("x ") + 1 for row in rows] == [speedup_end, speedup_end]  # no row pushed out of its column
+    assert "(" not in rows[0] and "(11.0-13.0)" in rows[1]
+    assert lines[-1] == "fastest: mlxspec eagle tree 16n beam 4 (long), 12.0 tok/s (1.20x mlx-lm plain)"

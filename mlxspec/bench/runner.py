@@ -189,18 +189,27 @@ def run_modes(
 
 
 def format_table(results: list[ModeResult]) -> str:
+    """One row per mode (the column fits the longest name; the range only where passes differed), then the fastest."""
+    width = max([28, *(len(r.mode) for r in results)])
     header = (
-        f"{'mode':28s} {'tok/s':>8s} {'(min-max)':>15s} {'speedup':>8s} {'vs own':>7s} {'alpha':>6s} {'tau':>5s} "
+        f"{'mode':{width}s} {'tok/s':>8s} {'(min-max)':>15s} {'speedup':>8s} {'vs own':>7s} {'alpha':>6s} {'tau':>5s} "
         f"{'calls/tok':>9s} {'peak MiB':>8s}"
     )
     lines = [header, "-" * len(header)]
     for r in results:
-        spread = f"({r.tokens_per_second_min:.1f}-{r.tokens_per_second_max:.1f})"
+        varied = r.tokens_per_second_min != r.tokens_per_second_max  # one pass (--repeats 1) has no range
+        spread = f"({r.tokens_per_second_min:.1f}-{r.tokens_per_second_max:.1f})" if varied else ""
+        own = f"{r.speedup_vs_own_plain:6.2f}x" if r.speedup_vs_own_plain else f"{'-':>7s}"  # no own-plain row
         lines.append(
-            f"{r.mode:28s} {r.tokens_per_second:8.1f} {spread:>15s} "
-            f"{r.speedup:7.2f}x {r.speedup_vs_own_plain:6.2f}x "
+            f"{r.mode:{width}s} {r.tokens_per_second:8.1f} {spread:>15s} "
+            f"{r.speedup:7.2f}x {own} "
             f"{r.acceptance_rate:6.2f} {r.tokens_per_target_call:5.2f} "
             f"{r.target_calls_per_token:9.2f} {r.peak_memory_bytes / 2**20:8.1f}"
+        )
+    if results:
+        best = max(results, key=lambda r: r.tokens_per_second)
+        lines.append(
+            f"fastest: {best.mode}, {best.tokens_per_second:.1f} tok/s ({best.speedup:.2f}x {results[0].mode})"
         )
     return "\n".join(lines)
 
