@@ -409,3 +409,11 @@ def test_the_bench_table_aligns_long_names_shows_ranges_only_from_several_passes
     assert [row.index("x ") + 1 for row in rows] == [speedup_end, speedup_end]  # no row pushed out of its column
     assert "(" not in rows[0] and "(11.0-13.0)" in rows[1]
     assert lines[-1] == "fastest: mlxspec eagle tree 16n beam 4 (long), 12.0 tok/s (1.20x mlx-lm plain)"
+
+
+def test_the_plan_warns_when_the_draft_has_another_vocabulary(cli_run):
+    code, out, err = cli_run("plan", "--model", "llama-3.1-8b", "--draft", "qwen2.5-0.5b", "--device", "m2-16gb")
+    assert code == 0, err
+    assert "the draft's vocabulary (151936 tokens) differs from the target's (128256)" in out
+    code, out, err = cli_run("plan", "--model", "llama-3.1-8b", "--draft", "llama-3.2-1b", "--device", "m2-16gb")
+    assert code == 0 and "vocabulary" not in out

@@ -265,6 +265,13 @@ def make_plan(req: PlanRequest) -> Plan:
             f"per rank: {req.split.describe()}; each machine needs the memory above (the most loaded rank). The "
             "drafter is whole on every rank, and activations are counted whole (an upper bound)."
         )
+    target_vocab = req.target.config.get("vocab_size")
+    draft_vocab = req.draft.config.get("vocab_size") if req.draft else None
+    if draft_vocab and target_vocab and draft_vocab != target_vocab:
+        plan.notes.append(
+            f"the draft's vocabulary ({draft_vocab} tokens) differs from the target's ({target_vocab}): generate "
+            "accepts the pair only if the tokenizers still map every id alike (a padded embedding); check it"
+        )
     if req.device.backend == "cpu" and (req.target_bits or (req.target.config.get("quantization") or {})):
         plan.notes.append(
             "On MLX's CPU backend a quantized target verifies K+1 tokens at K+1 times the cost of one "
