@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.decoding.target_features import final_norm, output_head, text_model
-from mlxspec.drafting.head_files import base_model_identity, load_head_weights, read_head_config, save_head_files
+from mlxspec.drafting.head_files import base_model_identity, load_trained_head, read_head_config, save_head_files
 from mlxspec.errors import UserError
 from mlxspec.model_files import lazy_model
 
@@ -116,19 +116,13 @@ def save_head(head: FeatureHead, out_dir: Path) -> None:
     save_head_files(head, head.config, out_dir, WEIGHTS_FILE, CONFIG_FILE)
 
 
+TRAINER = "mlxspec train-heads --kind eagle"
+
+
 def load_head(path: str | Path, base_model_dir: Path) -> FeatureHead:
     """Load an EAGLE head and refuse it if it was trained on another base model."""
     path = Path(path)
-    config = read_head_config(path, CONFIG_FILE, FeatureHeadConfig, "EAGLE head", "mlxspec train-heads --kind eagle")
+    config = read_head_config(path, CONFIG_FILE, FeatureHeadConfig, "EAGLE head", TRAINER)
     if not isinstance(config.block_config, dict) or not isinstance(config.block_config.get("hidden_size"), int):
         raise UserError(f"'{path / CONFIG_FILE}' has no block_config with a hidden_size; retrain it")
-    if config.base_model_identity != base_model_identity(base_model_dir):
-        raise UserError(
-            f"the EAGLE head in '{path}' was trained on base model '{config.base_model}', not on "
-            f"'{base_model_dir}'; train one for this model with `mlxspec train-heads --kind eagle`"
-        )
-    head = FeatureHead(config)
-    load_head_weights(head, path, WEIGHTS_FILE, "EAGLE")
-    head.set_dtype(mx.float32)
-    mx.eval(head.parameters())
-    return head
+    return load_trained_head(FeatureHead, config, path, base_model_dir, WEIGHTS_FILE, "an EAGLE head", TRAINER)

@@ -60,17 +60,29 @@ def read_head_config(path: Path, config_file: str, config_class: type, what: str
     return config
 
 
-def load_head_weights(module: nn.Module, path: Path, weights_file: str, what: str) -> None:
-    """module's weights from path/weights_file, or one line: missing, truncated, damaged or not fitting its config."""
+def load_trained_head(
+    module_class: type, config, path: Path, base_model_dir: Path, weights_file: str, what: str, trainer: str
+) -> nn.Module:
+    """The heads `config` describes with their weights from path/weights_file, in float32: refused in one line when
+    trained on another base model, or when the weights are missing, truncated, damaged or do not fit the config."""
+    if config.base_model_identity != base_model_identity(base_model_dir):
+        raise UserError(
+            f"'{path}' holds {what} trained on base model '{config.base_model}', not on '{base_model_dir}'; "
+            f"train them for this model with `{trainer}`"
+        )
     weights = path / weights_file
     if not weights.exists():
         raise UserError(f"'{path}' has no {weights_file}; copy the whole {what} directory or retrain it")
     safetensors_header(weights)  # a truncated or garbage file is named before MLX maps it
+    module = module_class(config)
     try:
         module.load_weights(str(weights))
     except (ValueError, RuntimeError) as error:
         reason = " ".join(str(error).split())
-        raise UserError(f"the {what} weights in '{path}' do not fit its config ({reason}); retrain it") from None
+        raise UserError(f"the weights in '{path}' do not fit its {what} config ({reason}); retrain it") from None
+    module.set_dtype(mx.float32)
+    mx.eval(module.parameters())
+    return module
 
 
 def warmup_cosine(lr: float, warmup: int, steps: int):

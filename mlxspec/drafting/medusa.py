@@ -16,8 +16,7 @@ import mlx.nn as nn
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.target_features import output_head
 from mlxspec.decoding.trees import TreeShape, rank_paths_parents, sparse_tree
-from mlxspec.drafting.head_files import base_model_identity, load_head_weights, read_head_config, save_head_files
-from mlxspec.errors import UserError
+from mlxspec.drafting.head_files import load_trained_head, read_head_config, save_head_files
 
 CONFIG_FILE, WEIGHTS_FILE = "medusa_config.json", "medusa.safetensors"
 
@@ -67,21 +66,14 @@ def save_medusa(heads: MedusaHeads, out_dir: Path) -> None:
     save_head_files(heads, heads.config, out_dir, WEIGHTS_FILE, CONFIG_FILE)
 
 
+TRAINER = "mlxspec train-medusa"
+
+
 def load_medusa(path: str | Path, base_model_dir: Path) -> MedusaHeads:
     """Load heads and refuse them if they were trained on another base model."""
     path = Path(path)
-    config = read_head_config(path, CONFIG_FILE, MedusaConfig, "Medusa", "mlxspec train-medusa")
-    identity = base_model_identity(base_model_dir)
-    if config.base_model_identity != identity:
-        raise UserError(
-            f"Medusa heads in '{path}' were trained on base model '{config.base_model}', not on "
-            f"'{base_model_dir}'; train heads for this model with `mlxspec train-medusa`"
-        )
-    heads = MedusaHeads(config)
-    load_head_weights(heads, path, WEIGHTS_FILE, "Medusa")
-    heads.set_dtype(mx.float32)
-    mx.eval(heads.parameters())
-    return heads
+    config = read_head_config(path, CONFIG_FILE, MedusaConfig, "Medusa", TRAINER)
+    return load_trained_head(MedusaHeads, config, path, base_model_dir, WEIGHTS_FILE, "Medusa heads", TRAINER)
 
 
 class MedusaDrafter(Drafter):

@@ -15,8 +15,14 @@ import numpy as np
 
 from mlxspec.decoding.target_features import output_head
 from mlxspec.drafting.corpus import read_text, split_files
-from mlxspec.drafting.head_files import checkpoint_state, resume_checkpoint, save_checkpoint, warmup_cosine
-from mlxspec.drafting.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads, base_model_identity, save_medusa
+from mlxspec.drafting.head_files import (
+    base_model_identity,
+    checkpoint_state,
+    resume_checkpoint,
+    save_checkpoint,
+    warmup_cosine,
+)
+from mlxspec.drafting.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads, save_medusa
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 
