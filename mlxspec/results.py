@@ -5,6 +5,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+def mode_name(
+    drafter: str, *, depth: int = 0, tree_topk: int = 1, tree_nodes: int = 0, lookup_candidates: int = 1
+) -> str:
+    """The one name of a decoding mode, in stats.mode, `-v`, `--json`, the server's usage, chat and bench's rows.
+
+    `drafter` is the flag that chose it ("plain", "draft", "lookup", "medusa", "eagle", "mtp", or "lookup+draft"
+    for lookup backed by another drafter); a tree adds its shape. No spaces, so a key=value line splits on them.
+    """
+    if lookup_candidates > 1:
+        return f"{drafter}-tree-{lookup_candidates}"
+    if tree_topk > 1 and tree_nodes:  # a dynamic tree: a node budget, grown `tree_topk` children at a time
+        return f"{drafter}-tree-{tree_nodes}n-beam{tree_topk}"
+    if tree_topk > 1:  # a static tree: depth x children per node
+        return f"{drafter}-tree-{depth}x{tree_topk}"
+    return drafter
+
+
 @dataclass
 class Stats:
     prompt_tokens: int = 0
@@ -14,7 +31,7 @@ class Stats:
     drafted: int = 0  # tokens (chains) or nodes (trees) proposed
     accepted: int = 0
     tree_nodes: int = 0  # nodes verified per step by tree drafts (0 for chains)
-    mode: str = ""  # what drafted: "plain", "draft model", "draft model tree 4x2", "prompt lookup", ...
+    mode: str = ""  # what drafted, named by mode_name: "plain", "draft", "draft-tree-4x2", "lookup+medusa", ...
     num_draft: int | str = 0  # the draft length, or "auto" (adapted every step)
     seed: int = 0  # the seed used (drawn at random when none was given), so any run can be repeated
     reused_tokens: int = 0  # prompt tokens whose target cache was kept from the last run (prompt cache)
@@ -49,7 +66,7 @@ class Stats:
         """The one stats line (generate -v, chat, the server's log): key=value pairs a script can split."""
         tree = f"tree_nodes={self.tree_nodes} " if self.tree_nodes else ""
         return (
-            f"mode={self.mode.replace(' ', '-')} k={self.num_draft} seed={self.seed} "
+            f"mode={self.mode} k={self.num_draft} seed={self.seed} "
             f"alpha={self.acceptance_rate:.2f} tau={self.tokens_per_target_call:.2f} "
             f"gen={self.tokens_per_second:.1f} tok/s prompt={self.prompt_tokens_per_second:.1f} tok/s "
             f"tokens={self.generated_tokens} target_calls={self.target_calls} {tree}"

@@ -21,35 +21,31 @@ from mlxspec.errors import UserError
 from mlxspec.kernels import verify as verify_kernel
 from mlxspec.loading import LoadedModel, check_compatible
 from mlxspec.options import DecodeOptions
-from mlxspec.results import Chunk, GenerationResult, Stats
+from mlxspec.results import Chunk, GenerationResult, Stats, mode_name
 from mlxspec.text import TextStream, encodable
 
 
 def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
-    """What drafted, in words, for -v, --json and stats.mode."""
+    """What drafted, by results.mode_name, for -v, --json and stats.mode."""
     from mlxspec.drafting.feature_drafter import FeatureDrafter
     from mlxspec.drafting.medusa import MedusaDrafter
 
-    tree = f" tree {options.depth}x{options.tree_topk}" if options.tree_topk > 1 else ""
-    if isinstance(drafter, FeatureDrafter) and options.tree_topk > 1:
-        tree = f" dynamic tree {drafter.max_nodes} nodes, beam {options.tree_topk}"
-    names = {
-        DraftModelDrafter: "draft model",
-        PromptLookupDrafter: "prompt lookup",
-        MedusaDrafter: "medusa heads",
-        FeatureDrafter: "feature head",
-    }
-    head_drafter = getattr(drafter, "model", drafter)  # behind prompt lookup, or alone
-    if isinstance(head_drafter, FeatureDrafter):
-        names[FeatureDrafter] = "eagle head" if head_drafter.wired.head.config.kind == "eagle" else "mtp head"
     if drafter is None:
         return "plain"
-    inner = getattr(drafter, "model", None)
-    if inner is not None and hasattr(drafter, "lookup"):
-        return f"prompt lookup + {names.get(type(inner), type(inner).__name__)}{tree}"
-    if isinstance(drafter, PromptLookupDrafter) and options.lookup_candidates > 1:
-        return f"prompt lookup tree of {options.lookup_candidates}"
-    return names.get(type(drafter), type(drafter).__name__) + tree
+    inner = getattr(drafter, "model", None) if hasattr(drafter, "lookup") else None  # lookup backed by a drafter
+    alone = inner or drafter
+    if isinstance(alone, FeatureDrafter):
+        kind = "eagle" if alone.wired.head.config.kind == "eagle" else "mtp"
+    else:
+        names = {DraftModelDrafter: "draft", PromptLookupDrafter: "lookup", MedusaDrafter: "medusa"}
+        kind = names.get(type(alone), type(alone).__name__)
+    if inner is not None:
+        kind = f"lookup+{kind}"
+    if isinstance(drafter, PromptLookupDrafter):
+        return mode_name(kind, lookup_candidates=options.lookup_candidates)
+    nodes = alone.max_nodes if isinstance(alone, FeatureDrafter) else 0
+    depth = min(options.depth, alone.max_depth or options.depth)  # Medusa guesses no deeper than its heads
+    return mode_name(kind, depth=depth, tree_topk=options.tree_topk, tree_nodes=nodes)
 
 
 class Speculator:

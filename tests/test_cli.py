@@ -39,7 +39,7 @@ def test_json_output_has_tokens_text_and_stats(tiny_dirs):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert set(out) >= {"tokens", "text", "stats", "seed", "mode", "num_draft", "model", "draft"}
-    assert out["seed"] == 1 and out["mode"] == "draft model" and out["num_draft"] == 2
+    assert out["seed"] == 1 and out["mode"] == "draft" and out["num_draft"] == 2
     assert out["model"] == str(tiny_dirs["target"]) and out["draft"] == str(tiny_dirs["draft"])
     for key in (
         "target_calls",
@@ -164,20 +164,19 @@ def test_bench_compares_every_mode_on_a_fresh_install(tiny_dirs, tmp_path):
     expected_modes = {
         "mlx-lm plain",
         "mlx-lm speculative k=2",
-        "mlxspec no-draft",
+        "mlxspec plain",
         "mlxspec draft k=2",
-        "mlxspec draft adaptive",
-        "mlxspec draft tree 4x2",
-        "mlxspec lookup k=4",
-        "mlxspec lookup k=8",
-        "mlxspec lookup k=8 no corpus",
-        "mlxspec lookup tree 3x8",
-        "mlxspec lookup+draft k=4",
+        "mlxspec draft k=auto",
+        "mlxspec draft-tree-4x2",
+        "mlxspec lookup k=2",  # -k reaches the lookup rows
+        "mlxspec lookup k=2 corpus=off",
+        "mlxspec lookup-tree-3 k=2",
+        "mlxspec lookup+draft k=2",
     }
     from mlxspec.kernels.verify import cpu_backend
 
     if cpu_backend()[0] is not None:  # the kernel's own share: plain decoding without it
-        expected_modes.add("mlxspec no-draft, kernel off")
+        expected_modes.add("mlxspec plain kernel=off")
     for temp in ("0.0", "1.0"):
         rows = {row["mode"]: row for row in results[temp]}
         assert set(rows) == expected_modes and results[temp][0]["mode"] == "mlx-lm plain"
@@ -185,5 +184,17 @@ def test_bench_compares_every_mode_on_a_fresh_install(tiny_dirs, tmp_path):
             assert row["tokens_per_second"] > 0 and 0 <= row["acceptance_rate"] <= 1
             assert row["tokens_per_target_call"] >= 1 and len(row["runs"]) == 2 * 2  # passes x prompts
             assert all(run["tokens"] == 6 for run in row["runs"])  # EOS ignored: every run makes max-tokens
+            if row["mode"].startswith("mlxspec "):  # one vocabulary: the row names the mode as -v and --json do
+                name, *settings = row["mode"].split()[1:]
+                assert {run["mode"] for run in row["runs"]} == {name}, row["mode"]
+                k = next((s for s in settings if s.startswith("k=")), None)
+                assert k is None or {f"k={run['num_draft']}" for run in row["runs"]} == {k}, row["mode"]
         assert set(results[f"profile {temp}"]) == {"draft", "verify", "target probs", "accept", "bookkeeping"}
         assert f"## temperature {float(temp)}" in proc.stdout
+    # progress names each mode as it finishes, with the time left; the last one at each temperature has none left
+    progress = [line.strip() for line in proc.stderr.splitlines() if line.strip().startswith("pass ")]
+    assert len(progress) == 2 * 2 * len(expected_modes)  # temperatures x passes x modes
+    assert all(f"pass {r}/2 {mode}: " in proc.stderr for mode in expected_modes for r in (1, 2))
+    assert all(line.endswith("s left at this temperature") for line in progress)
+    last = [line for line in progress if line.startswith("pass 2/2 mlxspec lookup+draft k=2: ")]
+    assert len(last) == 2 and all(line.endswith("about 0 s left at this temperature") for line in last)

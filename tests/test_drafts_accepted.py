@@ -46,11 +46,11 @@ def assert_accepted_and_exact(result, expected):
 @pytest.mark.parametrize(
     "options, mode",
     [
-        (dict(num_draft=4), "draft model"),
-        (dict(num_draft=4, tree_topk=2), "draft model tree 4x2"),
-        (dict(use_draft=False, lookup=True, num_draft=8), "prompt lookup"),
-        (dict(use_draft=False, lookup=True, num_draft=8, lookup_candidates=3), "prompt lookup tree of 3"),
-        (dict(lookup=True, num_draft=4), "prompt lookup + draft model"),
+        (dict(num_draft=4), "draft"),
+        (dict(num_draft=4, tree_topk=2), "draft-tree-4x2"),
+        (dict(use_draft=False, lookup=True, num_draft=8), "lookup"),
+        (dict(use_draft=False, lookup=True, num_draft=8, lookup_candidates=3), "lookup-tree-3"),
+        (dict(lookup=True, num_draft=4), "lookup+draft"),
     ],
 )
 def test_draft_model_and_lookup_drafts_are_accepted(embedded, options, mode):
@@ -63,9 +63,9 @@ def test_draft_model_and_lookup_drafts_are_accepted(embedded, options, mode):
 @pytest.mark.parametrize(
     "options, mode",
     [
-        (dict(tree_topk=1), "medusa heads"),
-        (dict(tree_topk=2), "medusa heads tree 8x2"),
-        (dict(lookup=True, num_draft=4), "prompt lookup + medusa heads"),
+        (dict(tree_topk=1), "medusa"),
+        (dict(tree_topk=2), "medusa-tree-4x2"),
+        (dict(lookup=True, num_draft=4), "lookup+medusa"),
     ],
 )
 def test_medusa_drafts_are_accepted(embedded, medusa, options, mode):

@@ -177,8 +177,15 @@ def test_train_save_load_resume_and_refuse_other_base_models(tiny_dirs, tmp_path
     target = load_model(tiny_dirs["target"])
     out = tmp_path / "eagle"
     config = EagleTrainConfig(steps=3, batch_size=2, seq_len=80, unroll=2, distill_sequences=4, eval_windows=2)
-    trained = train_eagle(target, out, config, log=lambda s: None)
+    lines = []
+    trained = train_eagle(target, out, config, log=lines.append)
     assert (out / "eagle.safetensors").exists() and len(trained.config.acceptance) == 6
+    # each stream's progress counts its own sequences, and the held-out acceptance is measured and printed once
+    assert "self-distilling the training data: 4/4 sequences" in lines
+    assert "self-distilling the held-out data: 2/2 sequences" in lines
+    assert [line for line in lines if "acceptance" in line] == [
+        "held-out greedy acceptance by depth 1..6 at step 3: " + " ".join(f"{a:.3f}" for a in trained.config.acceptance)
+    ]
     loaded = load_head(out, tiny_dirs["target"])
     want = dict(tree_flatten(trained.parameters()))
     got = dict(tree_flatten(loaded.parameters()))

@@ -31,7 +31,7 @@ def test_generate_with_an_eagle_head_equals_plain_greedy(cli_run, tiny_dirs, eag
     assert code == 0, err
     drafted = json.loads(out)
     code, out, err = cli_run(*G, "--model", tiny_dirs["target"], "--no-draft")
-    assert drafted["tokens"] == json.loads(out)["tokens"] and drafted["mode"] == "eagle head"
+    assert drafted["tokens"] == json.loads(out)["tokens"] and drafted["mode"] == "eagle"
     assert drafted["stats"]["drafted"] > 0
 
 

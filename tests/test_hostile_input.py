@@ -411,6 +411,23 @@ def test_the_bench_table_aligns_long_names_shows_ranges_only_from_several_passes
     assert lines[-1] == "fastest: mlxspec eagle tree 16n beam 4 (long), 12.0 tok/s (1.20x mlx-lm plain)"
 
 
+def test_bench_warns_when_its_timings_cannot_show_small_differences():
+    from mlxspec.bench.runner import ModeResult, PassClock, noise_note
+
+    def base(low, high):
+        return ModeResult("mlx-lm plain", 10.0, low, high, 0.0, 1.0, 1.0, 2**20, 1.0, 0.0)
+
+    assert "one pass measures no noise" in noise_note([base(10.0, 10.0)], repeats=1)
+    assert "mlx-lm plain varied by 30% between passes" in noise_note([base(8.0, 11.0)], repeats=3)
+    assert noise_note([base(9.8, 10.2)], repeats=3) == ""
+    # the time left: two modes of 2 s and 4 s, three passes
+    clock = PassClock(["a", "b"], repeats=3)
+    assert clock.done("a", 2.0) == 2.0 + 2 * 4.0  # b not timed yet: the mean of those timed (2 s)
+    assert clock.done("b", 4.0) == 2 * 6.0
+    assert clock.done("a", 2.0) == 4.0 + 6.0
+    assert [clock.done("b", 4.0), clock.done("a", 2.0), clock.done("b", 4.0)] == [6.0, 4.0, 0.0]
+
+
 def test_the_plan_warns_when_the_draft_has_another_vocabulary(cli_run):
     code, out, err = cli_run("plan", "--model", "llama-3.1-8b", "--draft", "qwen2.5-0.5b", "--device", "m2-16gb")
     assert code == 0, err

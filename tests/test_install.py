@@ -96,7 +96,7 @@ def test_a_wheel_install_generates_and_plans_from_another_directory(wheel, tmp_p
     gen = run("-m", "mlxspec", "generate", "def f():", "--max-tokens", "8", "-k", "2", "--json")
     assert gen.returncode == 0, gen.stderr
     out = json.loads(gen.stdout)
-    assert len(out["tokens"]) == 8 and out["mode"] == "draft model" and out["stats"]["drafted"] > 0
+    assert len(out["tokens"]) == 8 and out["mode"] == "draft" and out["stats"]["drafted"] > 0
     if HAS_COMPILER:  # the wheel carries the verify kernel built for this machine, and generation uses it
         assert any(n.startswith("mlxspec/_verify_kernel") for n in zipfile.ZipFile(wheel).namelist())
         assert out["stats"]["kernel"].startswith("cpu"), out["stats"]["kernel"]

@@ -90,7 +90,7 @@ def test_refusals_name_the_parameter(body, kind, param):
 
 def test_usage_reports_the_reused_prefix_and_the_speculative_stats():
     stats = Stats(prompt_tokens=30, generated_tokens=12, target_calls=4, drafted=12, accepted=8, reused_tokens=20)
-    stats.prompt_cache, stats.mode = "prefix", "draft model"
+    stats.prompt_cache, stats.mode = "prefix", "draft"
     out = usage(stats)
     assert (out["prompt_tokens"], out["completion_tokens"], out["total_tokens"]) == (30, 12, 42)
     assert out["prompt_tokens_details"] == {"cached_tokens": 20}

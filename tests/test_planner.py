@@ -342,3 +342,22 @@ def test_plan_ranks_cli_refuses_splits_mlx_lm_cannot_make(cli_run):  # noqa: F81
 def test_a_memory_budget_under_distributed_points_to_plan_ranks(cli_run, tiny_dirs):  # noqa: F811
     args = ("generate", "ab", "--model", tiny_dirs["target"], "--memory-budget", "8GB", "--distributed", "tensor")
     assert_one_line(cli_run(*args), "--memory-budget plans one machine", "mlxspec plan --ranks N")
+
+
+def test_every_suggested_flag_is_one_plan_takes_and_reproduces_its_numbers():
+    """A suggestion names a flag of generate; plan takes the same flag, and passing it gives the suggested total."""
+
+    def plan(*args):
+        base = ("--model", "llama-3.1-8b", "--draft", "llama-3.2-1b", "--device", "m2-16gb", "--context", "8192")
+        proc = subprocess.run(
+            [sys.executable, "-m", "mlxspec.cli.main", "plan", *base, *args, "--json"], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    suggestions = plan()["recommendations"]
+    plan_flags = ("--quantize-target", "--draft-bits", "--kv-bits", "--draft-window", "--num-draft")
+    checked = [s for s in suggestions if s["how"].split()[0] in plan_flags]
+    assert "--quantize-target 4" in {s["how"] for s in checked}
+    for suggestion in checked:
+        assert plan(*suggestion["how"].split())["total_bytes"] == suggestion["total_bytes"], suggestion["how"]

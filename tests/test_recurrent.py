@@ -120,7 +120,7 @@ def test_replay_is_exact_fed_alone_or_merged_and_widths_stay_bounded(max_merged_
 def test_prompt_lookup_on_a_recurrent_target_equals_mlx_lm(mamba_dir):
     spec = mlxspec.load(mamba_dir)  # a target of one's own: prompt lookup by default
     result = spec.generate("abc", max_tokens=40, num_draft=4, stop_at_eos=False)
-    assert result.stats.mode == "prompt lookup" and result.stats.note == ""
+    assert result.stats.mode == "lookup" and result.stats.note == ""
     assert result.tokens == mlx_lm_greedy(spec.target.model, spec.encode("abc"), 40)
     assert 0 < result.stats.accepted < result.stats.drafted  # the tiny model falls into cycles that lookup copies
 
@@ -143,7 +143,7 @@ def test_a_tree_on_a_recurrent_target_drafts_a_chain_with_a_note(hybrid_dirs):
     spec = mlxspec.load(target_dir, draft=draft_dir)
     result = spec.generate("abcd", max_tokens=20, tree_topk=2, num_draft=3, stop_at_eos=False)
     assert "qwen3_5 keeps recurrent state" in result.stats.note and "chain" in result.stats.note
-    assert result.stats.mode == "draft model" and result.stats.accepted > 0
+    assert result.stats.mode == "draft" and result.stats.accepted > 0
     assert result.tokens == mlx_lm_greedy(spec.target.model, spec.encode("abcd"), 20)
 
 
@@ -170,7 +170,7 @@ def test_cli_drafts_for_a_hybrid_target(hybrid_dirs):
         text=True,
     )
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
-    assert "mode=draft-model" in run.stderr
+    assert "mode=draft k=" in run.stderr
 
 
 @pytest.mark.slow  # 35-40 s each here; the quick run checks hybrids greedily and by their caches

@@ -124,7 +124,7 @@ def test_streamed_chat_and_completions_add_up_to_the_whole_answer(client):
 def test_usage_carries_the_speculative_stats_and_the_reused_prefix(client):
     first = chat(client, content="import os\nimport sys\n", max_tokens=24, temperature=0)
     stats = first.usage.model_extra["speculative"]
-    assert stats["mode"] == "draft model" and stats["drafted"] > 0 and stats["accepted"] > 0
+    assert stats["mode"] == "draft" and stats["drafted"] > 0 and stats["accepted"] > 0
     assert 0 < stats["acceptance_rate"] <= 1 and stats["tokens_per_target_call"] > 1
     # The next turn resends the conversation: everything the cache holds is reused.
     messages = [

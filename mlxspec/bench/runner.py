@@ -14,6 +14,10 @@ from mlx_lm.sample_utils import make_sampler
 
 from mlxspec.drafting.corpus import read_text, split_files
 from mlxspec.loading import LoadedModel
+from mlxspec.results import mode_name
+
+OWN_PLAIN = "mlxspec plain"  # mlxspec's own plain decoding: the 'vs own' column divides by it
+NOISY = 0.10  # a baseline whose passes differ by more than this is flagged: the machine's speed drifted
 
 
 @dataclass
@@ -24,6 +28,8 @@ class Run:
     drafted: int = 0
     accepted: int = 0
     peak_memory_bytes: int = 0
+    mode: str = ""  # mlxspec's own name of what ran (results.mode_name), as -v and --json print it
+    num_draft: int | str = 0
 
 
 @dataclass
@@ -128,6 +134,8 @@ def mlxspec_mode(speculator: Speculator, **options) -> RunFn:
             s.drafted,
             s.accepted,
             s.peak_memory_bytes,
+            s.mode,
+            s.num_draft,
         )
 
     return run
@@ -151,18 +159,21 @@ def run_modes(
     for fn in modes.values():
         fn(prompts[0], 8, temperature, top_p, seed)  # warm-up: compile kernels, allocate caches
     passes: dict[str, list[list[Run]]] = {name: [] for name in modes}
+    clock = PassClock(list(modes), repeats)
     for r in range(repeats):
         for name, fn in modes.items():
-            passes[name].append(
-                [fn(p, max_tokens, temperature, top_p, seed + 1000 * r + i) for i, p in enumerate(prompts)]
-            )
-        progress(f"pass {r + 1}/{repeats}")
+            started = time.perf_counter()
+            runs = [fn(p, max_tokens, temperature, top_p, seed + 1000 * r + i) for i, p in enumerate(prompts)]
+            passes[name].append(runs)
+            rate = sum(x.tokens for x in runs) / sum(x.seconds for x in runs)
+            eta = clock.done(name, time.perf_counter() - started)
+            progress(f"pass {r + 1}/{repeats} {name}: {rate:.1f} tok/s, about {eta:.0f} s left at this temperature")
     rates = {
         name: [sum(x.tokens for x in runs) / sum(x.seconds for x in runs) for runs in mode_passes]
         for name, mode_passes in passes.items()
     }
     base_rates = next(iter(rates.values()))
-    own_rates = rates.get("mlxspec no-draft")
+    own_rates = rates.get(OWN_PLAIN)
     results = []
     for name, mode_passes in passes.items():
         every = [x for runs in mode_passes for x in runs]
@@ -186,6 +197,40 @@ def run_modes(
             )
         )
     return results
+
+
+class PassClock:
+    """Seconds left in a benchmark: each mode's time in the last pass it ran, the mean of those timed for the rest."""
+
+    def __init__(self, modes: list[str], repeats: int):
+        self.modes, self.repeats = modes, repeats
+        self.seconds: dict[str, float] = {}
+        self.finished = 0
+
+    def done(self, mode: str, seconds: float) -> float:
+        self.seconds[mode] = seconds
+        self.finished += 1
+        mean = sum(self.seconds.values()) / len(self.seconds)
+        left_in_pass = self.modes[self.finished % len(self.modes) :] if self.finished % len(self.modes) else []
+        full_passes = self.repeats - -(-self.finished // len(self.modes))  # passes not started yet
+        per_pass = sum(self.seconds.get(m, mean) for m in self.modes)
+        return sum(self.seconds.get(m, mean) for m in left_in_pass) + full_passes * per_pass
+
+
+def noise_note(results: list[ModeResult], repeats: int) -> str:
+    """One line when the timings cannot show small differences: one pass, or a baseline that drifted between passes."""
+    if not results:
+        return ""
+    if repeats == 1:
+        return "note: one pass measures no noise; this machine's speed can drift 10-40%, so use --repeats 3 or more"
+    base = results[0]
+    spread = (base.tokens_per_second_max - base.tokens_per_second_min) / base.tokens_per_second
+    if spread > NOISY:
+        return (
+            f"note: {base.mode} varied by {100 * spread:.0f}% between passes; the machine was noisy, so trust the "
+            f"within-pass speedups over tok/s, and differences under {100 * spread:.0f}% not at all"
+        )
+    return ""
 
 
 def format_table(results: list[ModeResult]) -> str:
@@ -222,9 +267,13 @@ def build_modes(
     tree_topk: int = 2,
     tree_depth: int = 4,
     eagle: Speculator | None = None,
+    lookup_ks: tuple[int, ...] = (4, 8),
 ) -> dict[str, RunFn]:
     """Every mode worth comparing, first the baseline (mlx-lm's plain decoding with the same target). `medusa` and
-    `eagle`: the same target with Medusa heads or a feature head (EAGLE or MTP) as its drafter."""
+    `eagle`: the same target with Medusa heads or a feature head (EAGLE or MTP) as its drafter.
+
+    Rows are named `mlxspec MODE k=K`, MODE as results.mode_name names it in -v and --json; a setting that differs
+    from the defaults follows as key=value."""
     target = speculator.target.model
     draft = speculator.draft.model if speculator.draft is not None else None
     modes: dict[str, RunFn] = {"mlx-lm plain": mlx_lm_plain(target)}
@@ -232,41 +281,43 @@ def build_modes(
         for k in ks:
             modes[f"mlx-lm speculative k={k}"] = mlx_lm_speculative(target, draft, k)
     if "plain" in families:
-        modes["mlxspec no-draft"] = mlxspec_mode(speculator, use_draft=False)
+        modes[OWN_PLAIN] = mlxspec_mode(speculator, use_draft=False)
         if speculator.options.kernel != "off":
-            modes["mlxspec no-draft, kernel off"] = mlxspec_mode(speculator, use_draft=False, kernel="off")
+            modes[f"{OWN_PLAIN} kernel=off"] = mlxspec_mode(speculator, use_draft=False, kernel="off")
     if draft is not None and "draft" in families:
         for k in ks:
             modes[f"mlxspec draft k={k}"] = mlxspec_mode(speculator, num_draft=k)
     if draft is not None and "adaptive" in families:
-        modes["mlxspec draft adaptive"] = mlxspec_mode(speculator, num_draft="auto")
+        modes["mlxspec draft k=auto"] = mlxspec_mode(speculator, num_draft="auto")
     if draft is not None and "tree" in families:
-        modes[f"mlxspec draft tree {tree_depth}x{tree_topk}"] = mlxspec_mode(
-            speculator, num_draft=tree_depth, tree_topk=tree_topk
-        )
+        name = mode_name("draft", depth=tree_depth, tree_topk=tree_topk)
+        modes[f"mlxspec {name}"] = mlxspec_mode(speculator, num_draft=tree_depth, tree_topk=tree_topk)
     if "lookup" in families:
-        for k in (4, 8):
+        longest = max(lookup_ks)
+        for k in lookup_ks:
             modes[f"mlxspec lookup k={k}"] = mlxspec_mode(speculator, use_draft=False, lookup=True, num_draft=k)
-        modes["mlxspec lookup k=8 no corpus"] = mlxspec_mode(
-            speculator, use_draft=False, lookup=True, num_draft=8, corpus_fallback=False
+        modes[f"mlxspec lookup k={longest} corpus=off"] = mlxspec_mode(
+            speculator, use_draft=False, lookup=True, num_draft=longest, corpus_fallback=False
         )
-        modes["mlxspec lookup tree 3x8"] = mlxspec_mode(
-            speculator, use_draft=False, lookup=True, num_draft=8, lookup_candidates=3
+        modes[f"mlxspec {mode_name('lookup', lookup_candidates=3)} k={longest}"] = mlxspec_mode(
+            speculator, use_draft=False, lookup=True, num_draft=longest, lookup_candidates=3
         )
         if draft is not None:
-            modes["mlxspec lookup+draft k=4"] = mlxspec_mode(speculator, lookup=True, num_draft=4)
+            modes[f"mlxspec lookup+draft k={min(lookup_ks)}"] = mlxspec_mode(
+                speculator, lookup=True, num_draft=min(lookup_ks)
+            )
     if medusa is not None and "medusa" in families:
         heads = medusa.medusa.config.num_heads
-        modes["mlxspec medusa chain"] = mlxspec_mode(medusa, num_draft=heads)
-        modes[f"mlxspec medusa tree {2 * heads}n"] = mlxspec_mode(medusa, num_draft=heads, tree_topk=2)
+        modes[f"mlxspec medusa k={heads}"] = mlxspec_mode(medusa, num_draft=heads)
+        name = mode_name("medusa", depth=heads, tree_topk=2)
+        modes[f"mlxspec {name}"] = mlxspec_mode(medusa, num_draft=heads, tree_topk=2)
     if eagle is not None and "eagle" in families:  # an EAGLE head or a native MTP head
-        name = "eagle" if eagle.feature_head.config.kind == "eagle" else "mtp"
+        kind = "eagle" if eagle.feature_head.config.kind == "eagle" else "mtp"
         for k in ks:
-            modes[f"mlxspec {name} k={k}"] = mlxspec_mode(eagle, num_draft=k)
+            modes[f"mlxspec {kind} k={k}"] = mlxspec_mode(eagle, num_draft=k)
         for nodes, beam in EAGLE_TREES:
-            modes[f"mlxspec {name} tree {nodes}n beam {beam}"] = mlxspec_mode(
-                eagle, num_draft=nodes // beam, tree_topk=beam, tree_nodes=nodes
-            )
+            name = mode_name(kind, tree_topk=beam, tree_nodes=nodes)
+            modes[f"mlxspec {name}"] = mlxspec_mode(eagle, num_draft=nodes // beam, tree_topk=beam, tree_nodes=nodes)
     return modes
 
 

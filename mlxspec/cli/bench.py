@@ -102,7 +102,12 @@ MODE_OPTIONS = [
         help="Mode families to run.",
     ),
     click.option(
-        "-k", "--num-draft", "num_drafts", type=click.IntRange(1, 64), multiple=True, help="Draft lengths [2 4 6]."
+        "-k",
+        "--num-draft",
+        "num_drafts",
+        type=click.IntRange(1, 64),
+        multiple=True,
+        help="Draft lengths, repeatable [2 4 6; lookup 4 8].",
     ),
     click.option("--temp", "temps", type=float, multiple=True, help="Temperature(s) [0 and 0.7]."),
     click.option("--top-p", type=float, default=1.0, show_default=True),
@@ -224,7 +229,8 @@ def run_and_report(
     from mlxspec.bench import runner
     from mlxspec.platform import blas_in_use
 
-    mode_fns = runner.build_modes(speculator, num_drafts, families, medusa, eagle=eagle)
+    lookup_ks = tuple(p["num_drafts"]) or (4, 8)  # -k reaches lookup too; without it, lookup's own lengths
+    mode_fns = runner.build_modes(speculator, num_drafts, families, medusa, eagle=eagle, lookup_ks=lookup_ks)
     max_tokens, everything, by_temp = p["max_tokens"], {}, {}
     timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
     click.echo(
@@ -241,6 +247,8 @@ def run_and_report(
             mode_fns, prompts, max_tokens, temp, top_p, p["repeats"], progress=lambda s: click.echo(f"  {s}", err=True)
         )
         click.echo(runner.format_table(results))
+        if note := runner.noise_note(results, p["repeats"]):
+            click.echo(note)
         by_temp[str(temp)] = results
         everything[str(temp)] = [runner.asdict(r) for r in results]
         if p["profile"] and speculator.draft is not None:

@@ -42,7 +42,14 @@ SETTINGS_OPTIONS = [
         "--context", type=click.IntRange(min=1), default=None, help="[default: 4096, or the model's own if less]"
     ),
     click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True),
-    click.option("--target-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the target [as stored]."),
+    click.option(
+        "--quantize-target",
+        "--target-bits",
+        "target_bits",
+        type=click.Choice(["4", "8"]),
+        default=None,
+        help="Quantize the target [as stored]; the same flag as generate's.",
+    ),
     click.option("--draft-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the draft [as stored]."),
     click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True),
     click.option("--kv-bits", type=click.Choice(["4", "8"]), default=None),

@@ -27,7 +27,7 @@ def plan_command(model: str, draft: str | None, budget: str, request: PlanReques
     words += ["--draft", draft] if draft else []
     words += ["--memory", budget, "--context", str(request.context), "-k", str(request.num_draft)]
     for flag, value in (
-        ("--target-bits", request.target_bits),
+        ("--quantize-target", request.target_bits),
         ("--draft-bits", request.draft_bits),
         ("--kv-bits", request.kv_bits),
         ("--draft-window", request.draft_window),

@@ -167,6 +167,7 @@ def _distilled(
     seed: int,
     cached: Path,
     log: Callable[[str], None],
+    label: str,
 ) -> np.ndarray:
     """The target's greedy continuations of `sequences` corpus prompts, cached in `cached` (resumable runs reuse it)."""
     if cached.exists():
@@ -174,7 +175,7 @@ def _distilled(
     from mlxspec.train.medusa import MedusaTrainConfig
 
     settings = MedusaTrainConfig(seq_len=cfg.seq_len, seed=seed, distill_sequences=sequences)
-    data = self_distilled_stream(target, stream, settings, log)
+    data = self_distilled_stream(target, stream, settings, log, label)
     np.save(cached, data)
     return data
 
@@ -193,9 +194,11 @@ def train_eagle(
     out_dir.mkdir(parents=True, exist_ok=True)
     stream = token_stream(train_files, target.tokenizer)
     if cfg.data == "self-distill":
-        stream = _distilled(target, stream, cfg, cfg.distill_sequences, cfg.seed + 1, out_dir / "distilled.npy", log)
+        distilled = out_dir / "distilled.npy"
+        stream = _distilled(target, stream, cfg, cfg.distill_sequences, cfg.seed + 1, distilled, log, "training data")
+    heldout_stream = token_stream(heldout_files, target.tokenizer)
     heldout = _distilled(
-        target, token_stream(heldout_files, target.tokenizer), cfg, cfg.eval_windows, 7, out_dir / "heldout.npy", log
+        target, heldout_stream, cfg, cfg.eval_windows, 7, out_dir / "heldout.npy", log, "held-out data"
     )
     if len(stream) <= cfg.seq_len:
         raise UserError(f"--seq-len {cfg.seq_len} is longer than the whole training text ({len(stream)} tokens)")
@@ -236,18 +239,30 @@ def train_eagle(
             state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - start
             start, first_step = time.perf_counter(), state["step"]
             save_checkpoint(head, optimizer, ckpt, "head.safetensors", state)
-            if state["step"] % 500 == 0 or state["step"] == cfg.steps:
-                agreement = depth_agreement(wired, target, _windows(heldout, cfg.seq_len), start=64)
-                log(f"held-out greedy acceptance by depth: {' '.join(f'{a:.3f}' for a in agreement)}")
-                with open(out_dir / "curve.jsonl", "a") as f:
-                    f.write(
-                        json.dumps({"step": state["step"], "seconds": state["seconds"], "acceptance": agreement}) + "\n"
-                    )
-    head.config.acceptance = depth_agreement(wired, target, _windows(heldout, cfg.seq_len), start=64)
+            if state["step"] % 500 == 0 and state["step"] < cfg.steps:  # the last step's is measured once, below
+                log_agreement(wired, target, heldout, cfg, state, out_dir, log)
+    head.config.acceptance = log_agreement(wired, target, heldout, cfg, state, out_dir, log)
     head.config.training = {**asdict(cfg), "seconds": round(state.get("seconds", 0.0))}
     save_head(head, out_dir)
-    log(f"depth 1..{MAX_DEPTH} held-out greedy acceptance: {' '.join(f'{a:.3f}' for a in head.config.acceptance)}")
     return head
+
+
+def log_agreement(
+    wired: HeadOnTarget,
+    target: LoadedModel,
+    heldout: np.ndarray,
+    cfg: EagleTrainConfig,
+    state: dict,
+    out_dir: Path,
+    log: Callable[[str], None],
+) -> list[float]:
+    """The head's held-out greedy acceptance by depth: logged, and appended to curve.jsonl."""
+    agreement = depth_agreement(wired, target, _windows(heldout, cfg.seq_len), start=64)
+    by_depth = " ".join(f"{a:.3f}" for a in agreement)
+    log(f"held-out greedy acceptance by depth 1..{MAX_DEPTH} at step {state['step']}: {by_depth}")
+    with open(out_dir / "curve.jsonl", "a") as f:
+        f.write(json.dumps({"step": state["step"], "seconds": state["seconds"], "acceptance": agreement}) + "\n")
+    return agreement
 
 
 def _windows(stream: np.ndarray, length: int) -> list[np.ndarray]:

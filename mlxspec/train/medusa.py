@@ -118,7 +118,11 @@ def token_stream(files: list[Path], tokenizer) -> np.ndarray:
 
 
 def self_distilled_stream(
-    target: LoadedModel, stream: np.ndarray, cfg: MedusaTrainConfig, log: Callable[[str], None]
+    target: LoadedModel,
+    stream: np.ndarray,
+    cfg: MedusaTrainConfig,
+    log: Callable[[str], None],
+    label: str = "training data",
 ) -> np.ndarray:
     """The target's own greedy continuations of corpus prompts: what its heads will be asked to predict.
 
@@ -135,7 +139,7 @@ def self_distilled_stream(
         batch = prompts[i : i + 64]
         result = batch_generate(target.model, target.tokenizer, batch, max_tokens=gen_len, return_token_ids=True)
         pieces += [np.asarray(p + out, dtype=np.int32) for p, out in zip(batch, result.token_ids)]
-        log(f"self-distill: {min(i + 64, len(prompts))}/{len(prompts)} sequences")
+        log(f"self-distilling the {label}: {min(i + 64, len(prompts))}/{len(prompts)} sequences")
     return np.concatenate(pieces)
 
 
