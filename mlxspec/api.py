@@ -44,6 +44,7 @@ LOAD_KEYS = (
     "draft_bits",
     "eagle",
     "mtp",
+    "dflash",
     "prompt_cache",
     "distributed",
 )
@@ -63,6 +64,7 @@ def load(
     mtp: str | Path | bool | None = None,
     prompt_cache: int = 0,
     distributed: str | None = None,
+    dflash: str | Path | None = None,
 ) -> Speculator:
     """Load a target and a drafter once.
 
@@ -71,8 +73,9 @@ def load(
     `options` are the default DecodeOptions of every call; num_draft, kv_bits and draft_window, where given, replace
     theirs (None keeps what `options` say; without `options`, num_draft is "auto"). eagle: a directory written
     by `train-heads --kind eagle`; mtp: True for the native MTP head in the model's own files, or a directory or
-    repo of the original checkpoint that holds it. prompt_cache=N: keep the caches of the last N runs, so a next
-    prompt sharing a prefix with one of them (a conversation) prefills only the rest. distributed="tensor" or
+    repo of the original checkpoint that holds it. dflash: a DFlash block drafter's directory or Hugging Face repo
+    (z-lab's, or one written by `train-heads --kind dflash`). prompt_cache=N: keep the caches of the last N runs,
+    so a next prompt sharing a prefix with one of them (a conversation) prefills only the rest. distributed="tensor" or
     "pipeline": under `mlx.launch`, split the target across the ranks (the drafter is replicated; -k auto becomes 4,
     since each rank would measure its own cost curve).
     """
@@ -83,7 +86,9 @@ def load(
     for name, bits in (("quantize_target", quantize_target), ("draft_bits", draft_bits)):
         if bits not in (None, 4, 8):
             raise UserError(f"{name} {bits!r} is not supported; use 4 or 8")
-    heads_given = [n for n, x in (("medusa", medusa), ("eagle", eagle), ("mtp", mtp)) if x not in (None, False)]
+    heads_given = [
+        n for n, x in (("medusa", medusa), ("eagle", eagle), ("mtp", mtp), ("dflash", dflash)) if x not in (None, False)
+    ]
     if draft not in (None, "auto"):
         heads_given.insert(0, "draft")
     if len(heads_given) > 1:
@@ -118,6 +123,13 @@ def load(
         # Quantized like the target (asked for, or as it was converted): the head's precision changes speed only.
         bits = quantize_target or (target.config.get("quantization") or {}).get("bits")
         feature_head = load_mtp_head(target, None if mtp is True else mtp, bits=bits)
+    block_drafter = None
+    if dflash is not None:
+        from mlxspec.drafting.dflash_files import load_dflash
+
+        if distributed == "pipeline":
+            raise UserError("--dflash taps layers that a pipeline split spreads over ranks; use --distributed tensor")
+        block_drafter = load_dflash(dflash, target)
     warn_if_slow_blas()
     return Speculator(
         target,
@@ -127,6 +139,7 @@ def load(
         feature_head=feature_head,
         prompt_cache=prompt_cache,
         sharding=sharding,
+        dflash=block_drafter,
     )
 
 

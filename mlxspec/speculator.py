@@ -27,6 +27,7 @@ from mlxspec.text import TextStream, encodable
 
 def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
     """What drafted, by results.mode_name, for -v, --json and stats.mode."""
+    from mlxspec.drafting.dflash import DFlashDrafter
     from mlxspec.drafting.feature_drafter import FeatureDrafter
     from mlxspec.drafting.medusa import MedusaDrafter
 
@@ -37,13 +38,18 @@ def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
     if isinstance(alone, FeatureDrafter):
         kind = "eagle" if alone.wired.head.config.kind == "eagle" else "mtp"
     else:
-        names = {DraftModelDrafter: "draft", PromptLookupDrafter: "lookup", MedusaDrafter: "medusa"}
+        names = {
+            DraftModelDrafter: "draft",
+            PromptLookupDrafter: "lookup",
+            MedusaDrafter: "medusa",
+            DFlashDrafter: "dflash",
+        }
         kind = names.get(type(alone), type(alone).__name__)
     if inner is not None:
         kind = f"lookup+{kind}"
     if isinstance(drafter, PromptLookupDrafter):
         return mode_name(kind, lookup_candidates=options.lookup_candidates)
-    nodes = alone.max_nodes if isinstance(alone, FeatureDrafter) else 0
+    nodes = alone.max_nodes if isinstance(alone, (FeatureDrafter, DFlashDrafter)) else 0
     depth = min(options.depth, alone.max_depth or options.depth)  # Medusa guesses no deeper than its heads
     return mode_name(kind, depth=depth, tree_topk=options.tree_topk, tree_nodes=nodes)
 
@@ -63,12 +69,18 @@ class Speculator:
         feature_head=None,
         prompt_cache: int = 0,
         sharding=None,
+        dflash=None,
     ):
         if draft is not None:
             check_compatible(target, draft)
         given = [
             name
-            for name, x in (("a draft model", draft), ("Medusa heads", medusa), ("a feature head", feature_head))
+            for name, x in (
+                ("a draft model", draft),
+                ("Medusa heads", medusa),
+                ("a feature head", feature_head),
+                ("a DFlash drafter", dflash),
+            )
             if x is not None
         ]
         if len(given) > 1:
@@ -79,6 +91,7 @@ class Speculator:
         self.draft = draft
         self.medusa = medusa  # MedusaHeads or None
         self.feature_head = feature_head  # feature_head.FeatureHead (EAGLE or MTP) or None
+        self.dflash = dflash  # dflash_model.DFlashDraftModel or None
         self.options = (options or DecodeOptions()).validate()
         self._successors = None  # prompt lookup's corpus table, loaded on first use
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
@@ -267,9 +280,11 @@ class Speculator:
         """(drafter, adaptive controller, a note when falling back to plain decoding) for these options; `target`
         and `head`: the target model and feature head as this run calls them (routed through the kernel or not)."""
         from mlxspec.cache.rollback import rollback_blocker
+        from mlxspec.drafting.dflash import DFlashDrafter
         from mlxspec.drafting.feature_drafter import FeatureDrafter
 
-        wants_model = options.use_draft and any(x is not None for x in (self.draft, self.medusa, self.feature_head))
+        drafters = (self.draft, self.medusa, self.feature_head, self.dflash)
+        wants_model = options.use_draft and any(x is not None for x in drafters)
         if not (wants_model or options.lookup):
             return make_drafter(options), None, ""  # None, or the refusal of a tree with nothing to branch
         if self._blocker is None:  # the target's cache layout does not change: look once
@@ -290,12 +305,13 @@ class Speculator:
             target_model=target,
             successors=successors,
             feature_head=head,
+            dflash=self.dflash,
         )
         controller = None
         if (
             options.adaptive
             and options.tree_topk == 1
-            and isinstance(drafter, (DraftModelDrafter, PromptLookupDrafter, FeatureDrafter))
+            and isinstance(drafter, (DraftModelDrafter, PromptLookupDrafter, FeatureDrafter, DFlashDrafter))
         ):
             controller = self.draft_length_controller(
                 options.depth, with_draft=isinstance(drafter, DraftModelDrafter), kernel=options.kernel

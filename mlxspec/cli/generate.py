@@ -20,7 +20,13 @@ from mlxspec.plan.rank_split import MODES
 
 def drafters_given(p: dict) -> list[str]:
     """The drafters named on the command line, as the flags that named them."""
-    flags = (("--draft", "draft"), ("--medusa", "medusa_path"), ("--eagle", "eagle_path"), ("--mtp", "mtp_source"))
+    flags = (
+        ("--draft", "draft"),
+        ("--medusa", "medusa_path"),
+        ("--eagle", "eagle_path"),
+        ("--mtp", "mtp_source"),
+        ("--dflash", "dflash_path"),
+    )
     return [f"{flag} {p[key]}" if p[key] != "<model>" else flag for flag, key in flags if p.get(key)]
 
 
@@ -31,7 +37,7 @@ def check_contradictions(p: dict) -> None:
         raise UserError(f"--no-draft contradicts {given[0]}; pass one of them")
     if len(given) > 1:
         raise UserError(f"{given[0].split()[0]} and {given[1].split()[0]} are two drafters; pass one of them")
-    heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source")
+    heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source") or p.get("dflash_path")
     if p["draft_bits"] and (p["no_draft"] or heads):
         raise UserError(f"--draft-bits {p['draft_bits']} quantizes a draft model, and this run has none")
     if p.get("distributed") and p["memory_budget"]:
@@ -103,7 +109,7 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
     from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET
 
     model, draft = p["model"], p["draft"]
-    heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source")
+    heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source") or p.get("dflash_path")
     draft_arg = None if (p["no_draft"] or heads) else (draft or "auto")
     settings = {
         "quantize_target": int(p["quantize_target"]) if p["quantize_target"] else None,
@@ -138,6 +144,7 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
         medusa=p["medusa_path"],
         eagle=p.get("eagle_path"),
         mtp=True if p.get("mtp_source") == MTP_IN_MODEL else p.get("mtp_source"),
+        dflash=p.get("dflash_path"),
         options=options,
         prompt_cache=prompt_cache,
         distributed=p.get("distributed"),

@@ -90,6 +90,13 @@ MODEL_OPTIONS = [
         help="Draft with the model's native MTP head: alone, from its own files; or from PATH_OR_REPO of the original "
         "checkpoint (mlx_lm.convert drops MTP tensors).",
     ),
+    click.option(
+        "--dflash",
+        "dflash_path",
+        default=None,
+        help="Draft whole blocks with a DFlash drafter: PATH_OR_REPO of z-lab's, or of train-heads --kind dflash. "
+        "-k sets the block (k+1 rows); --tree-topk/--tree-nodes make a DDTree of it.",
+    ),
     click.option("--memory-budget", default=None, help="Plan first (e.g. 8GB) and refuse settings that cannot fit."),
     click.option("--auto", is_flag=True, help="With --memory-budget: apply the planner's top fix instead of refusing."),
 ]

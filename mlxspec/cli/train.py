@@ -35,17 +35,24 @@ def common_options(function):
 
 
 @click.command("train-heads")
-@click.option("--kind", type=click.Choice(["medusa", "eagle"]), required=True, help="Which heads to train.")
+@click.option("--kind", type=click.Choice(["medusa", "eagle", "dflash"]), required=True, help="Which drafter to train.")
 @common_options
 @data_option("self-distill")
 @click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True, help="Medusa: how many heads.")
 @click.option("--full-lm-heads", is_flag=True, help="Medusa: give each head its own LM head (more memory).")
 @click.option("--unroll", type=click.IntRange(1, 6), default=2, show_default=True, help="EAGLE: depths per step.")
 @click.option("--distill-sequences", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option("--block-size", type=click.IntRange(2, 33), default=8, show_default=True, help="DFlash: rows a block.")
+@click.option("--layers", type=click.IntRange(1, 8), default=2, show_default=True, help="DFlash: drafter layers.")
+@click.option("--anchors", type=click.IntRange(min=1), default=16, show_default=True, help="DFlash: blocks a window.")
+@click.option("--gamma", type=click.FloatRange(min=0.1), default=4.0, show_default=True, help="DFlash: row decay.")
 def train_heads(kind, **params) -> None:
-    """Train Medusa heads or an EAGLE head on a frozen target."""
+    """Train Medusa heads, an EAGLE head or a DFlash block drafter on a frozen target."""
     if kind == "medusa":
         _train_medusa(**params)
+        return
+    if kind == "dflash":
+        _train_dflash(**params)
         return
     from mlxspec.drafting.feature_head import CONFIG_FILE
     from mlxspec.loading import DEFAULT_TARGET, load_model, resolve_model_path
@@ -103,3 +110,30 @@ def _train_medusa(model, out_dir, steps, batch_size, seq_len, lr, seed, data, he
     config.validate(target.context_length)
     run(target, Path(out_dir), config, log=lambda line: click.echo(line, err=True))
     click.echo(f"saved Medusa heads to {out_dir}")
+
+
+def _train_dflash(**params) -> None:
+    from mlxspec.loading import DEFAULT_TARGET, load_model, resolve_model_path
+    from mlxspec.train.dflash import DFlashTrainConfig, train_dflash
+    from mlxspec.train.medusa import prepare_out_dir
+
+    config = DFlashTrainConfig(
+        steps=params["steps"] or 1500,
+        batch_size=params["batch_size"],
+        seq_len=params["seq_len"],
+        lr=params["lr"],
+        seed=params["seed"],
+        data=params["data"],
+        distill_sequences=params["distill_sequences"],
+        block_size=params["block_size"],
+        layers=params["layers"],
+        anchors=params["anchors"],
+        gamma=params["gamma"],
+    )
+    config.validate()
+    model_dir = resolve_model_path(DEFAULT_TARGET if params["model"] is None else params["model"])
+    prepare_out_dir(params["out_dir"], "config.json", model_dir)
+    target = load_model(model_dir)
+    config.validate(target.context_length)
+    train_dflash(target, Path(params["out_dir"]), config, log=lambda line: click.echo(line, err=True))
+    click.echo(f"saved the DFlash drafter to {params['out_dir']}")

@@ -32,7 +32,8 @@ class Drafter(Protocol):
     """What the engine asks of a drafter. Subclass it to inherit the defaults of the optional parts."""
 
     calls: int
-    uses_target_hidden: bool = False  # True: the engine hands over the target's hidden state after every step
+    uses_target_hidden: bool = False  # True: the engine hands over the target's features after every step
+    target_taps: tuple[int, ...] = ()  # with uses_target_hidden: the target layers whose outputs are the features
     max_nodes: int = 0  # the most nodes one proposal may hold (0: no more than the engine's num_draft)
     max_depth: int = 0  # the deepest it can draft whatever it is asked (Medusa: its heads); 0: as deep as asked
 
@@ -59,9 +60,10 @@ class Drafter(Protocol):
         this drafter proposed."""
 
     def set_hidden(self, hidden: mx.array | None) -> None:
-        """The target's final hidden states [n, D] at the positions its cache just kept, in order (lazy): after the
-        prefill every prompt row but the last, after a step the fed token's row and the kept drafts'. Only called
-        when uses_target_hidden."""
+        """The target's features at the positions its cache just kept, in order (lazy): its final hidden states
+        [n, D], or with target_taps the tapped layers' outputs concatenated [n, len(taps) * D]. After the prefill
+        every prompt row but the last, after a step the fed token's row and the kept drafts'. Only called when
+        uses_target_hidden."""
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

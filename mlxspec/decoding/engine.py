@@ -116,8 +116,10 @@ class SpeculativeEngine:
         self.mid_step = False  # True while a step runs: an exception there leaves the caches unusable
         self.prompt_snapshot: tuple[int, Snapshot] | None = None  # recurrent targets: the state after prefill
         self.target_calls = 0
-        # Medusa drafts from the target's own hidden states, so the target forward must return them.
+        # Medusa, feature heads and block drafters draft from the target's own features (its final hidden states,
+        # or the outputs of the layers the drafter taps), so the target forward must return them.
         self.wants_hidden = drafter is not None and drafter.uses_target_hidden
+        self.taps: tuple[int, ...] = tuple(drafter.target_taps) if self.wants_hidden else ()
         self._hidden: mx.array | None = None
         self._prefetched: mx.array | None = None  # [1, V] lazy logits of a queued plain forward (see _plain_step)
         # A target sharded over ranks (distributed.Sharding): every rank verifies rank 0's drafts and emits its outcome.
@@ -135,7 +137,7 @@ class SpeculativeEngine:
         for start in range(0, len(todo), self.prefill_chunk):
             chunk = mx.array(todo[start : start + self.prefill_chunk])[None]
             if self.wants_hidden:
-                hidden.append(forward_with_hidden(self.target, chunk, self.cache)[0][0])
+                hidden.append(forward_with_hidden(self.target, chunk, self.cache, self.taps)[0][0])
                 mx.eval(hidden[-1], [c.state for c in self.cache])
             else:
                 self.target(chunk, cache=self.cache)
@@ -235,7 +237,7 @@ class SpeculativeEngine:
         if self.recurrent:
             self._before = snapshot(self.recurrent)
         if self.wants_hidden:
-            hidden, logits = forward_with_hidden(self.target, inputs[None], self.cache)
+            hidden, logits = forward_with_hidden(self.target, inputs[None], self.cache, self.taps)
             self._hidden = hidden[0, skip:]
         else:
             logits = self.target(inputs[None], cache=self.cache)

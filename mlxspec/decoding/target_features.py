@@ -1,6 +1,8 @@
-"""The target's own features for drafters that read them (Medusa today, EAGLE and MTP heads next): the final hidden
-state from the same forward pass, and the output head that turns a hidden state into logits exactly as the model
-does. Works on unmodified mlx-lm models: `model.model` returns the final (normed) hidden states."""
+"""The target's own features for drafters that read them, from the same forward pass: the final hidden state
+(Medusa, EAGLE and MTP heads) or the outputs of chosen layers ("taps": DFlash reads five, EAGLE-3 three), and the
+output head that turns a hidden state into logits exactly as the model does. Works on unmodified mlx-lm models:
+`model.model` returns the final (normed) hidden states, and a tapped layer keeps its class, parameters and output;
+it only records that output while a forward asks for it."""
 
 from __future__ import annotations
 
@@ -43,7 +45,74 @@ def output_head(model: nn.Module):
     return head
 
 
-def forward_with_hidden(model: nn.Module, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
-    """(final hidden states [B, L, D], logits [B, L, V]) from one forward pass."""
-    hidden = text_model(model).model(inputs, cache=cache)
-    return hidden, output_head(model)(hidden)
+def forward_with_hidden(
+    model: nn.Module, inputs: mx.array, cache: Any, taps: tuple[int, ...] = ()
+) -> tuple[mx.array, mx.array]:
+    """(features, logits [B, L, V]) from one forward pass. features: the final hidden states [B, L, D], or with
+    `taps` the outputs of those decoder layers (0-based), concatenated in that order [B, L, len(taps) * D]."""
+    if not taps:
+        hidden = text_model(model).model(inputs, cache=cache)
+        return hidden, output_head(model)(hidden)
+    recorder = tap_recorder(model)
+    recorder.wanted, recorder.rows = set(taps), {}
+    try:
+        hidden = text_model(model).model(inputs, cache=cache)
+        rows = recorder.rows
+    finally:
+        recorder.wanted, recorder.rows = set(), {}
+    missing = [layer for layer in taps if layer not in rows]
+    if missing:  # a layer this rank does not run (a pipeline split) or that the family skips
+        raise UserError(f"layer {missing[0]} of the target did not run in this forward, so it cannot be tapped")
+    return mx.concatenate([rows[layer] for layer in taps], axis=-1), output_head(model)(hidden)
+
+
+def decoder_layers(model: nn.Module) -> list:
+    """The target's decoder layers in order, as its forward runs them (the list taps index)."""
+    inner = getattr(text_model(model), "model", None)
+    layers = inner.get("layers") if isinstance(inner, dict) else None
+    if not isinstance(layers, list) or not layers:
+        family = getattr(getattr(model, "args", None), "model_type", type(model).__name__)
+        raise UserError(f"{family} keeps no list of decoder layers that mlxspec can tap; this drafter cannot run on it")
+    return layers
+
+
+class TapRecorder:
+    """Where tapped layers write their outputs during a forward that asks for them (forward_with_hidden)."""
+
+    def __init__(self) -> None:
+        self.wanted: set[int] = set()
+        self.rows: dict[int, mx.array] = {}
+
+
+class TappedLayer:
+    """Placed ahead of a decoder layer's own class (tap_recorder): the same layer, which also hands its output to
+    the model's TapRecorder while a forward asks for this layer. Otherwise it only calls through."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().__call__(*args, **kwargs)
+        recorder, index = self.__dict__[TAP_KEY]
+        if index in recorder.wanted:
+            recorder.rows[index] = out[0] if isinstance(out, tuple) else out
+        return out
+
+
+TAP_KEY = "_mlxspec_tap"  # in a model's and each layer's __dict__ (never its parameters)
+_TAPPED_CLASSES: dict[type, type] = {}
+
+
+def tap_recorder(model: nn.Module) -> TapRecorder:
+    """The model's TapRecorder. On first use each decoder layer's class becomes a TappedLayer subclass of itself,
+    once per model: its parameters, names and output stay as they were, so loading, quantizing and mlx-lm's own
+    generate are unaffected."""
+    recorder = model.__dict__.get(TAP_KEY)
+    if recorder is None:
+        recorder = TapRecorder()
+        for index, layer in enumerate(decoder_layers(model)):
+            cls = type(layer)
+            if not isinstance(layer, TappedLayer) and cls not in _TAPPED_CLASSES:
+                _TAPPED_CLASSES[cls] = type(cls.__name__, (TappedLayer, cls), {"__module__": cls.__module__})
+            if not isinstance(layer, TappedLayer):  # (a layer shared with a model tapped before keeps its class)
+                layer.__class__ = _TAPPED_CLASSES[cls]
+            layer.__dict__[TAP_KEY] = (recorder, index)
+        model.__dict__[TAP_KEY] = recorder
+    return recorder

@@ -21,13 +21,24 @@ def make_drafter(
     target_model: nn.Module | None = None,
     successors: np.ndarray | None = None,
     feature_head: Any = None,
+    dflash: Any = None,
 ) -> Drafter | None:
-    """The drafter `options` ask for: a feature head (EAGLE or MTP) or Medusa heads (on target_model), or a draft
-    model, optionally behind prompt lookup (with its corpus table `successors`); None decodes plainly. The one place
-    drafters are wired."""
+    """The drafter `options` ask for: a DFlash block drafter, a feature head (EAGLE or MTP) or Medusa heads (on
+    target_model), or a draft model, optionally behind prompt lookup (with its corpus table `successors`); None
+    decodes plainly. The one place drafters are wired."""
     sampling, depth = options.sampling, options.depth
     model_drafter: Drafter | None = None
-    if options.use_draft and feature_head is not None:
+    if options.use_draft and dflash is not None:
+        from mlxspec.drafting.dflash import DFlashDrafter
+
+        model_drafter = DFlashDrafter(
+            dflash,
+            target_model,
+            sampling,
+            tree_topk=options.tree_topk,
+            max_nodes=options.tree_nodes or depth * options.tree_topk,
+        )
+    elif options.use_draft and feature_head is not None:
         from mlxspec.drafting.feature_drafter import FeatureDrafter
         from mlxspec.drafting.feature_head import HeadOnTarget
 
@@ -53,7 +64,7 @@ def make_drafter(
             tree_topk=options.tree_topk,
         )
     elif options.tree_topk > 1:
-        raise UserError("a tree needs a drafter that branches: pass a draft model (or Medusa heads)")
+        raise UserError("a tree needs a drafter that branches: pass a draft model, Medusa heads or --dflash")
     if not options.lookup:
         return model_drafter
     lookup = PromptLookupDrafter(

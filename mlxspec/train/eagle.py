@@ -159,7 +159,7 @@ def depth_agreement(wired: HeadOnTarget, target: LoadedModel, windows: list[np.n
     return (hits / np.maximum(counts, 1)).tolist()
 
 
-def _distilled(
+def distilled_stream(
     target: LoadedModel,
     stream: np.ndarray,
     cfg: EagleTrainConfig,
@@ -195,9 +195,10 @@ def train_eagle(
     stream = token_stream(train_files, target.tokenizer)
     if cfg.data == "self-distill":
         distilled = out_dir / "distilled.npy"
-        stream = _distilled(target, stream, cfg, cfg.distill_sequences, cfg.seed + 1, distilled, log, "training data")
+        sequences = cfg.distill_sequences
+        stream = distilled_stream(target, stream, cfg, sequences, cfg.seed + 1, distilled, log, "training data")
     heldout_stream = token_stream(heldout_files, target.tokenizer)
-    heldout = _distilled(
+    heldout = distilled_stream(
         target, heldout_stream, cfg, cfg.eval_windows, 7, out_dir / "heldout.npy", log, "held-out data"
     )
     if len(stream) <= cfg.seq_len:

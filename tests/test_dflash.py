@@ -1,0 +1,246 @@
+"""DFlash block drafters: z-lab's checkpoints load as published (both config layouts), the target taps stay aligned
+with the kept positions, greedy output equals plain decoding (chains and DDTrees, kernel on and off, llama, qwen3
+and a qwen3_5 hybrid), trained drafts are really accepted, sampled output follows the target's law, and a drafter
+made for another target is refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+from helpers import assert_greedy_equal, assert_one_line, mlx_lm_greedy, speculative_tokens
+from stats import ALPHA, chi_square_pvalue
+from test_engine_exactness import exact_joint
+from tiny import make_tiny, save_tiny_model_dir
+from tiny_dflash import save_zlab_dflash
+
+from mlxspec import UserError
+from mlxspec.decoding.sampling import SamplingConfig
+from mlxspec.decoding.target_features import decoder_layers, forward_with_hidden
+from mlxspec.drafting.dflash import DFlashDrafter, best_first_tree
+from mlxspec.drafting.dflash_files import load_dflash, parse_dflash_config
+from mlxspec.loading import LoadedModel
+from mlxspec.train.dflash import block_loss, cache_features
+
+FAMILIES = ("llama", "qwen3", "qwen3_5")
+PROMPT = [1, 2, 3, 1, 2, 3, 4]
+
+
+def tiny_target(family: str, seed: int = 1):
+    return make_tiny(family, seed=seed, num_hidden_layers=4)
+
+
+def loaded(model) -> LoadedModel:
+    return LoadedModel(model, None, model.config, Path("/nonexistent/tiny"))
+
+
+def zlab_drafter(target, tmp_path, layout="old", block=8, seed=0):
+    return load_dflash(save_zlab_dflash(tmp_path / f"dflash-{layout}", target, layout, block, seed), loaded(target))
+
+
+def test_taps_are_the_tapped_layers_outputs_and_leave_the_model_unchanged():
+    target = tiny_target("llama")
+    tokens = mx.array([PROMPT])
+    before = target(tokens)
+    features, logits = forward_with_hidden(target, tokens, None, (0, 3))
+    h = target.model.embed_tokens(tokens)
+    outputs = []
+    for layer in target.model.layers:  # the layers by hand (no cache: a causal mask is needed)
+        h = layer(h, mask="causal", cache=None)
+        outputs.append(h)
+    assert mx.allclose(features, mx.concatenate([outputs[0], outputs[3]], axis=-1), atol=1e-5).item()
+    assert mx.array_equal(logits, before).item() and mx.array_equal(target(tokens), before).item()
+    assert type(target.model.layers[0]).__name__ == "TransformerBlock"  # the class keeps its name and parameters
+    assert "self_attn.q_proj.weight" in dict(_flat(target.model.layers[0].parameters()))
+
+
+def _flat(tree):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(tree)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("layout", ["old", "new"])
+def test_greedy_equals_plain_decoding_chains_and_ddtrees(family, layout, tmp_path):
+    target = tiny_target(family)
+    model = zlab_drafter(target, tmp_path, layout)
+    want = mlx_lm_greedy(target, PROMPT, 24)
+    trees = (1,) if family == "qwen3_5" else (1, 2, 3)  # recurrent targets verify chains (the API drafts those)
+    for kernel in ("auto", "off"):
+        for topk in trees:
+            drafter = DFlashDrafter(model, target, SamplingConfig(), tree_topk=topk, max_nodes=9)
+            got = speculative_tokens(target, None, PROMPT, 24, 5, drafter=drafter, kernel=kernel, tree_topk=topk)
+            assert_greedy_equal(target, PROMPT, got[:24], want)
+
+
+def trained_drafter(target, tmp_path, steps: int = 400):
+    """A tiny drafter trained (block_loss, as train-heads does) on the tiny target's own greedy continuations."""
+    model = zlab_drafter(target, tmp_path)
+    rng = np.random.default_rng(0)
+    # The test prompt's own continuation among them: these tests are about the drafting mechanics, not about how a
+    # drafter trained on 24 windows of a random model generalizes.
+    prompts = [PROMPT, *rng.integers(0, 8, (23, 4)).tolist()]
+    windows = np.array([p + mlx_lm_greedy(target, p, 48 - len(p)) for p in prompts])
+    taps = tuple(model.config.target_layer_ids)
+    train_taps, final = cache_features(loaded(target), windows, taps, lambda s: None, "test")
+    optimizer = optim.Adam(learning_rate=1e-2)
+    step = nn.value_and_grad(model, lambda m, *a: block_loss(m, loaded(target), *a, gamma=4.0))
+    for _ in range(steps):
+        picked = rng.integers(0, len(windows), 8)
+        anchors = mx.array(rng.integers(1, windows.shape[1] - 8 + 1, (8, 8)))
+        args = (mx.array(windows[picked]), mx.array(train_taps[picked]).astype(mx.float32))
+        (_, _), grads = step(model, *args, mx.array(final[picked]).astype(mx.float32), anchors)
+        optimizer.update(model, grads)
+        mx.eval(model.parameters(), optimizer.state)
+    return model
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trained_drafts_are_accepted_exact_and_the_drafter_cache_matches_a_fresh_one(family, tmp_path):
+    """Drafts really accepted (and rejected: rollback and deferred replay run); after the run the drafter's context
+    rows equal those a fresh drafter builds from one forward over the whole history, so taps stayed aligned."""
+    target = make_tiny(family, seed=1, logit_scale=2.0)  # two layers: a small drafter can learn to follow it
+    model = trained_drafter(target, tmp_path)
+    want = mlx_lm_greedy(target, PROMPT, 40)
+    trees = (1,) if family == "qwen3_5" else (1, 2)
+    for topk in trees:
+        totals, engines = {}, []
+        drafter = DFlashDrafter(model, target, SamplingConfig(), tree_topk=topk, max_nodes=8)
+        got = speculative_tokens(
+            target, None, PROMPT, 40, 5, drafter=drafter, tree_topk=topk, totals=totals, engine_out=engines
+        )
+        assert_greedy_equal(target, PROMPT, got[:40], want)
+        # Well above chance (an untrained drafter gets 0-5% of 8 tokens accepted here): the drafts line up
+        assert totals["accepted"] > 0.2 * totals["drafted"] / (3 if topk > 1 else 1), totals
+        assert totals["accepted"] < totals["drafted"], totals  # some rejected: rollback ran
+        engines[0].settle()
+        history = engines[0].history
+        drafter.block_logits(1)  # feed the rows handed over since the last proposal
+        fresh = DFlashDrafter(model, target, SamplingConfig())
+        fresh.prefill(history)
+        features, _ = forward_with_hidden(target, mx.array([history[:-1]]), None, drafter.target_taps)
+        fresh.set_hidden(features[0])
+        fresh.block_logits(1)
+        assert drafter.fed == fresh.fed == len(history) - 1
+        kept, rebuilt = drafter.cache[0].keys[..., : drafter.fed, :], fresh.cache[0].keys[..., : fresh.fed, :]
+        assert mx.allclose(kept, rebuilt, atol=1e-4).item()
+
+
+@pytest.mark.parametrize(
+    "sampling, topk",
+    [
+        pytest.param(SamplingConfig(1.0), 1, id="chain-T1"),
+        pytest.param(SamplingConfig(0.7, top_p=0.9), 1, id="chain-T0.7-top-p", marks=pytest.mark.slow),
+        pytest.param(SamplingConfig(1.0), 2, id="ddtree-T1", marks=pytest.mark.slow),
+        pytest.param(SamplingConfig(0.7, top_p=0.9), 2, id="ddtree-T0.7-top-p", marks=pytest.mark.slow),
+    ],
+)
+def test_sampled_output_follows_the_target_law(sampling, topk, tmp_path):
+    """Chi-square of 3000 seeded runs (3 tokens, vocab 8) against the enumerated law; false alarm 1e-3. The chain
+    draws row i from q_i and is verified by Leviathan/Chen with those q_i; the DDTree by sampling the target at its
+    nodes. Power check: the same counts reject the target's law at another temperature."""
+    target = make_tiny("llama", seed=0, logit_scale=3.0, num_hidden_layers=4)
+    model = zlab_drafter(target, tmp_path)
+    prompt, length = [1, 2, 1], 3
+    counts = np.zeros([8] * length)
+    totals = {}
+    for seed in range(3000):
+        drafter = DFlashDrafter(model, target, sampling, tree_topk=topk, max_nodes=5)
+        out = speculative_tokens(
+            target,
+            None,
+            prompt,
+            length,
+            3,
+            sampling=sampling,
+            seed=seed,
+            drafter=drafter,
+            tree_topk=topk,
+            totals=totals,
+        )
+        counts[tuple(out)] += 1
+    assert totals["accepted"] > 300  # the acceptance rule was really exercised
+    assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
+    other = SamplingConfig(sampling.temperature * 1.3, top_p=sampling.top_p)
+    assert chi_square_pvalue(counts, exact_joint(target, prompt, other, length)) < ALPHA
+
+
+def test_best_first_tree_keeps_the_most_probable_paths_with_their_ancestors():
+    logps = np.log([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.9, 0.05, 0.05]]).tolist()
+    shape, paths = best_first_tree(logps, 5)
+
+    def joint(path):
+        return sum(logps[depth][rank] for depth, rank in enumerate(path))
+
+    every = [(a,) for a in range(3)] + [(a, b) for a in range(3) for b in range(3)]
+    every += [(a, b, c) for a in range(3) for b in range(3) for c in range(3)]
+    best = sorted(every, key=joint, reverse=True)[:5]
+    assert set(paths) == set(best)  # here the five best paths are closed under taking parents
+    assert all(path[:-1] in paths or len(path) == 1 for path in paths)
+    assert shape.parents[0] == -1 and shape.size == 6 and shape.depths[1:] == tuple(len(p) for p in paths)
+
+
+def test_both_config_layouts_parse_to_the_same_drafter_settings():
+    from tiny_dflash import zlab_config
+
+    old = parse_dflash_config(zlab_config(4, 32, 8, [0, 3], "old", block=16, mask=7), "old")
+    new = parse_dflash_config(zlab_config(4, 32, 8, [0, 3], "new", block=16, mask=7), "new")
+    assert (old.block_size, new.block_size) == (16, 16)
+    assert (old.rope_theta, new.rope_theta) == (1e6, 1e7)
+    assert old.target_layer_ids == new.target_layer_ids == (0, 3) and old.mask_token_id == new.mask_token_id == 7
+    assert old.sliding(0) is None and new.sliding(0) == 6 and new.sliding(1) is None
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c, w: c.update(num_target_layers=6), "expects a target with num_target_layers=6, but"),
+        (lambda c, w: c.update(hidden_size=64), "expects a target with hidden_size=64"),
+        (lambda c, w: c.update(vocab_size=9), "expects a target with vocab_size=9"),
+        (lambda c, w: w.pop("layers.1.mlp.up_proj.weight"), "lacks layers.1.mlp.up_proj.weight"),
+        (lambda c, w: w.update({"layers.0.extra.weight": mx.zeros(2)}), "holds layers.0.extra.weight"),
+        (lambda c, w: c["dflash_config"].update(target_layer_ids=[0, 9]), "taps target layer 9"),
+        (lambda c, w: c.pop("dflash_config"), "has no dflash_config"),
+    ],
+)
+def test_a_drafter_for_another_target_or_incomplete_is_refused_by_name(change, message, tmp_path):
+    target = tiny_target("llama")
+    path = save_zlab_dflash(tmp_path / "d", target)
+    config = json.loads((path / "config.json").read_text())
+    weights = dict(mx.load(str(path / "model.safetensors")))
+    change(config, weights)
+    (path / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        load_dflash(path, loaded(target))
+
+
+def test_generate_with_dflash_from_the_command_line(cli_run, tmp_path):
+    """A z-lab checkpoint directory loads unchanged: --dflash greedy equals --no-draft; bad paths get one line."""
+    target_dir = save_tiny_model_dir(tmp_path / "target", "qwen3", seed=1, num_hidden_layers=4)
+    drafter_dir = save_zlab_dflash(tmp_path / "dflash", tiny_target("qwen3"), "new")  # (the same config)
+    common = ("generate", "abcab", "--model", target_dir, "--max-tokens", "12", "--json")
+    code, plain, err = cli_run(*common, "--no-draft")
+    assert code == 0, err
+    for extra in ((), ("--tree-topk", "2", "--tree-nodes", "6"), ("-k", "3", "--temp", "0.7", "--seed", "1")):
+        code, out, err = cli_run(*common, "--dflash", drafter_dir, *extra)
+        assert code == 0, err
+        result = json.loads(out)
+        assert result["mode"].startswith("dflash") and result["stats"]["drafted"] > 0
+        if not extra or extra[0] == "--tree-topk":
+            assert result["tokens"] == json.loads(plain)["tokens"]
+    assert_one_line(cli_run(*common, "--dflash", tmp_path / "nowhere"), "is not a DFlash directory")
+    assert_one_line(cli_run(*common, "--dflash", drafter_dir, "--draft", target_dir), "are two drafters")
+
+
+def test_a_family_without_a_layer_list_is_refused_by_name():
+    model = nn.Module()
+    model.model = nn.Module()  # no `layers`
+    with pytest.raises(UserError, match="keeps no list of decoder layers"):
+        decoder_layers(model)
