@@ -236,6 +236,11 @@ def test_generate_with_dflash_from_the_command_line(cli_run, tmp_path):
         if not extra or extra[0] == "--tree-topk":
             assert result["tokens"] == json.loads(plain)["tokens"]
     assert_one_line(cli_run(*common, "--dflash", tmp_path / "nowhere"), "is not a DFlash directory")
+    bench = ("bench", "--model", target_dir, "--dflash", drafter_dir, "--modes", "plain,dflash", "-k", "2")
+    code, _, err = cli_run(*bench, "--repeats", "1", "--max-tokens", "4", "--temp", "0", "--json", tmp_path / "b.json")
+    assert code == 0, err
+    rows = {row["mode"] for row in json.loads((tmp_path / "b.json").read_text())["results"]["0.0"]}
+    assert {"mlxspec dflash k=2", "mlxspec dflash-tree-8n-beam2", "mlxspec dflash-tree-15n-beam3"} <= rows
     assert_one_line(cli_run(*common, "--dflash", drafter_dir, "--draft", target_dir), "are two drafters")
 
 
@@ -244,3 +249,25 @@ def test_a_family_without_a_layer_list_is_refused_by_name():
     model.model = nn.Module()  # no `layers`
     with pytest.raises(UserError, match="keeps no list of decoder layers"):
         decoder_layers(model)
+
+
+def test_a_widened_drafter_on_the_widened_target_keeps_its_function(tmp_path):
+    """bench --widen: the drafter widened with the target drafts the same distributions (float rounding aside)."""
+    from mlxspec.bench.widen import WidenSpec, widen, widen_dflash
+
+    target = make_tiny("llama", seed=1, num_hidden_layers=2)
+    spec = WidenSpec(3, 64)
+    wide_target, _ = widen(target, target.config, spec)
+    model = zlab_drafter(target, tmp_path)
+    wide_model = widen_dflash(model, spec, spec.layers)
+    history = PROMPT + [5, 6, 1, 0]
+
+    def block(drafter_model, model_of_target):
+        drafter = DFlashDrafter(drafter_model, model_of_target, SamplingConfig())
+        drafter.prefill(history)
+        features, _ = forward_with_hidden(model_of_target, mx.array([history[:-1]]), None, drafter.target_taps)
+        drafter.set_hidden(features[0])
+        return drafter.block_logits(5)
+
+    assert wide_model.config.hidden_size == 64 and wide_model.config.num_target_layers == 3
+    assert mx.allclose(block(model, target), block(wide_model, wide_target), atol=1e-4).item()

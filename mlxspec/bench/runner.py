@@ -268,6 +268,7 @@ def build_modes(
     tree_depth: int = 4,
     eagle: Speculator | None = None,
     lookup_ks: tuple[int, ...] = (4, 8),
+    dflash: Speculator | None = None,
 ) -> dict[str, RunFn]:
     """Every mode worth comparing, first the baseline (mlx-lm's plain decoding with the same target). `medusa` and
     `eagle`: the same target with Medusa heads or a feature head (EAGLE or MTP) as its drafter.
@@ -318,10 +319,18 @@ def build_modes(
         for nodes, beam in EAGLE_TREES:
             name = mode_name(kind, tree_topk=beam, tree_nodes=nodes)
             modes[f"mlxspec {name}"] = mlxspec_mode(eagle, num_draft=nodes // beam, tree_topk=beam, tree_nodes=nodes)
+    if dflash is not None and "dflash" in families:
+        block = dflash.dflash.config.block_size - 1
+        for k in sorted({min(k, block) for k in ks}):
+            modes[f"mlxspec dflash k={k}"] = mlxspec_mode(dflash, num_draft=k)
+        for nodes, topk in DDTREES:
+            name = mode_name("dflash", tree_topk=topk, tree_nodes=nodes)
+            modes[f"mlxspec {name}"] = mlxspec_mode(dflash, num_draft=block, tree_topk=topk, tree_nodes=nodes)
     return modes
 
 
 EAGLE_TREES = ((8, 2), (16, 4))  # (node budget, beam) of the EAGLE-2 dynamic trees bench compares
+DDTREES = ((8, 2), (15, 3))  # (node budget, candidates per position) of DFlash's DDTrees; 16 rows fit the kernel
 
 
 def profile_split(

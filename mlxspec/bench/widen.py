@@ -138,3 +138,57 @@ def widen_head(head, spec: WidenSpec):
     wide.update(tree_unflatten(list(out.items())))
     mx.eval(wide.parameters())
     return wide
+
+
+def widen_dflash(model, spec: WidenSpec, target_layers: int):
+    """A DFlash drafter of the widened target with the same function. The widened target's layers 0..n-1 output the
+    original ones zero-padded (its extra layers add nothing), so the taps keep their ids; fc reads the live
+    channels of each tap and writes the live channels; the drafter's layers are widened as the target's are (its
+    per-head q/k norms keep their size and epsilon)."""
+    from dataclasses import replace
+
+    from mlxspec.drafting.dflash_model import DFlashDraftModel
+
+    config = model.config
+    d, W = config.hidden_size, spec.width
+    widened = widened_config(
+        {
+            "model_type": "llama",
+            "hidden_size": d,
+            "num_hidden_layers": config.num_hidden_layers,
+            "num_attention_heads": config.num_attention_heads,
+            "num_key_value_heads": config.num_key_value_heads,
+            "head_dim": config.head_dim,
+            "intermediate_size": config.intermediate_size,
+            "rms_norm_eps": config.rms_norm_eps,
+        },
+        WidenSpec(config.num_hidden_layers, W),
+    )
+    wide_config = replace(
+        config,
+        hidden_size=W,
+        num_attention_heads=widened["num_attention_heads"],
+        num_key_value_heads=widened["num_key_value_heads"],
+        intermediate_size=widened["intermediate_size"],
+        rms_norm_eps=widened["rms_norm_eps"],
+        num_target_layers=target_layers,
+    )
+    wide = DFlashDraftModel(wide_config)
+    for layer in wide.layers:  # over head_dim channels, all live: as they were
+        layer.self_attn.q_norm.eps = layer.self_attn.k_norm.eps = config.rms_norm_eps
+    norm_scale = math.sqrt(d / W)
+    new = dict(tree_flatten(wide.parameters()))
+    out = {}
+    for name, source in tree_flatten(model.parameters()):
+        if name == "fc.weight":  # [d, n*d] -> [W, n*W]: tap j's live channels sit at j*W
+            wide_fc = mx.zeros(new[name].shape, source.dtype)
+            for j in range(len(config.target_layer_ids)):
+                wide_fc[:d, j * W : j * W + d] = source[:, j * d : (j + 1) * d]
+            out[name] = wide_fc
+        else:
+            per_head = name.endswith(("q_norm.weight", "k_norm.weight"))
+            scaled = source * norm_scale if name.endswith("norm.weight") and not per_head else source
+            out[name] = _pad(scaled, new[name].shape)
+    wide.update(tree_unflatten(list(out.items())))
+    mx.eval(wide.parameters())
+    return wide

@@ -11,7 +11,7 @@ import click
 from mlxspec.cli.options import with_options
 from mlxspec.errors import UserError
 
-BENCH_MODES = ("mlx-lm", "plain", "draft", "adaptive", "tree", "lookup", "medusa", "eagle")
+BENCH_MODES = ("mlx-lm", "plain", "draft", "adaptive", "tree", "lookup", "medusa", "eagle", "dflash")
 
 
 def read_prompts(path) -> list[str | list[int]]:
@@ -81,6 +81,15 @@ DRAFTER_OPTIONS = [
         help="The native MTP head (as generate).",
     ),
     click.option(
+        "--dflash",
+        "dflash_path",
+        is_flag=False,
+        flag_value="<embedded>",
+        default=None,
+        help="A DFlash drafter (PATH_OR_REPO; alone, the embedded one): adds dflash chains and DDTree rows "
+        "[default: the embedded drafter, if shipped, with the embedded target].",
+    ),
+    click.option(
         "--widen",
         default=None,
         help="Bench a function-preserving widening of the target, LAYERSxWIDTH (e.g. 24x768): the same logits at the "
@@ -97,7 +106,7 @@ DRAFTER_OPTIONS = [
 MODE_OPTIONS = [
     click.option(
         "--modes",
-        default="mlx-lm,plain,draft,adaptive,tree,lookup,medusa,eagle",
+        default="mlx-lm,plain,draft,adaptive,tree,lookup,medusa,eagle,dflash",
         show_default=True,
         help="Mode families to run.",
     ),
@@ -153,26 +162,27 @@ def bench(**p) -> None:
     from mlxspec.platform import fast_blas_hint
 
     num_drafts = p["num_drafts"] or (2, 4, 6)
-    speculator, medusa, eagle = load_contenders(p, max(num_drafts))
+    speculator, medusa, eagle, dflash = load_contenders(p, max(num_drafts))
     if fast_blas_hint():
         click.echo(fast_blas_hint(), err=True)
     if p["verify_curve"]:
         click.echo(verify_curve_report(speculator.target, speculator.draft, kernel=p["kernel"]))
         return
     click.echo(verify_cost_line(speculator.target, speculator.draft, max(num_drafts) + 1, kernel=p["kernel"]))
-    if speculator.draft is None and medusa is None and eagle is None:
-        raise UserError("bench compares drafters; pass --draft, --medusa or --eagle")
+    if speculator.draft is None and medusa is None and eagle is None and dflash is None:
+        raise UserError("bench compares drafters; pass --draft, --medusa, --eagle or --dflash")
     prompts = (
         tokenized(texts, speculator.tokenizer, speculator.vocab_size, p["prompts_file"])
         if texts
         else runner.heldout_prompts(speculator.tokenizer, p["num_prompts"], p["prompt_tokens"])
     )
-    run_and_report(p, speculator, medusa, eagle, families, tuple(num_drafts), prompts)
+    run_and_report(p, speculator, (medusa, eagle, dflash), families, tuple(num_drafts), prompts)
 
 
 def load_contenders(p: dict, max_draft: int) -> tuple:
-    """(the Speculator with the target and its draft model, one with Medusa heads or None, one with a feature head
-    or None), the embedded heads by default with the embedded target, all on the widened target with --widen."""
+    """(the Speculator with the target and its draft model, one with Medusa heads, one with a feature head, one
+    with a DFlash drafter; each None when absent), the embedded ones by default with the embedded target, all on
+    the widened target with --widen."""
     from mlxspec.api import load
     from mlxspec.bench import runner
     from mlxspec.loading import MODELS_DIR
@@ -217,11 +227,34 @@ def load_contenders(p: dict, max_draft: int) -> tuple:
         heads = load_medusa(medusa_path, original.path)
         medusa = Speculator(speculator.target, None, medusa=heads, options=speculator.options)
     eagle = Speculator(speculator.target, None, feature_head=head, options=speculator.options) if head else None
-    return speculator, medusa, eagle
+    return speculator, medusa, eagle, load_dflash_contender(p, speculator, original, widen_spec)
+
+
+def load_dflash_contender(p: dict, speculator, original, widen_spec):
+    """The Speculator drafting with --dflash (the embedded drafter by default with the embedded target), on the
+    widened target with a widened drafter under --widen; None without one."""
+    from mlxspec.loading import MODELS_DIR
+    from mlxspec.speculator import Speculator
+
+    source = p["dflash_path"]
+    if source == "<embedded>" or (source is None and p["model"] is None):
+        source = MODELS_DIR / "dflash" if (MODELS_DIR / "dflash" / "config.json").exists() else None
+        if source is None and p["dflash_path"]:
+            raise UserError("no DFlash drafter is shipped with this install; pass --dflash PATH_OR_REPO")
+    if source is None:
+        return None
+    from mlxspec.drafting.dflash_files import load_dflash
+
+    drafter = load_dflash(source, original)  # checked against the target it was made for
+    if widen_spec is not None:
+        from mlxspec.bench.widen import widen_dflash
+
+        drafter = widen_dflash(drafter, widen_spec, widen_spec.layers)
+    return Speculator(speculator.target, None, dflash=drafter, options=speculator.options)
 
 
 def run_and_report(
-    p: dict, speculator, medusa, eagle, families: set[str], num_drafts: tuple[int, ...], prompts: list[list[int]]
+    p: dict, speculator, contenders: tuple, families: set[str], num_drafts: tuple[int, ...], prompts: list[list[int]]
 ) -> None:
     """Every mode at every temperature, printed as tables; --json, --plot and --profile as asked."""
     import mlx.core as mx
@@ -230,7 +263,10 @@ def run_and_report(
     from mlxspec.platform import blas_in_use
 
     lookup_ks = tuple(p["num_drafts"]) or (4, 8)  # -k reaches lookup too; without it, lookup's own lengths
-    mode_fns = runner.build_modes(speculator, num_drafts, families, medusa, eagle=eagle, lookup_ks=lookup_ks)
+    medusa, eagle, dflash = contenders
+    mode_fns = runner.build_modes(
+        speculator, num_drafts, families, medusa, eagle=eagle, lookup_ks=lookup_ks, dflash=dflash
+    )
     max_tokens, everything, by_temp = p["max_tokens"], {}, {}
     timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
     click.echo(
