@@ -93,6 +93,8 @@ def load(
         heads_given.insert(0, "draft")
     if len(heads_given) > 1:
         raise UserError(f"{heads_given[0]} and {heads_given[1]} are two drafters; pass one of them")
+    if dflash is not None and distributed == "pipeline":
+        raise UserError("--dflash taps layers that a pipeline split spreads over ranks; use --distributed tensor")
     sharding = None
     if distributed is not None:
         from mlxspec.distributed import start
@@ -127,8 +129,6 @@ def load(
     if dflash is not None:
         from mlxspec.drafting.dflash_files import load_dflash
 
-        if distributed == "pipeline":
-            raise UserError("--dflash taps layers that a pipeline split spreads over ranks; use --distributed tensor")
         block_drafter = load_dflash(dflash, target)
     warn_if_slow_blas()
     return Speculator(

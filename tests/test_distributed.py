@@ -407,3 +407,44 @@ def test_a_draft_survives_its_encoding_for_the_other_ranks():
     assert back.probs is sampled.probs  # this rank's own distributions travel with rank 0's tokens
     with pytest.raises(UserError, match="rank 1 drafted other tokens than rank 0"):
         decode_draft(encode_draft(sampled, 3).tolist(), chain, 1)  # nothing here to accept rank 0's chain with
+
+
+DFLASH_SCRIPT = """
+import json, sys
+import mlxspec
+
+target, dflash = sys.argv[1:3]
+spec = mlxspec.load(target, dflash=dflash, distributed="tensor")
+out = {"rank": spec.sharding.rank}
+for name, options in (("chain", dict(num_draft=4)), ("ddtree", dict(num_draft=4, tree_topk=2, tree_nodes=6))):
+    result = spec.generate(%r, max_tokens=16, stop_at_eos=False, **options)
+    out[name] = [result.tokens, result.stats.drafted, result.stats.mode]
+print(json.dumps(out), flush=True)
+""" % (PROMPT,)
+
+
+@TWO_RANKS
+def test_a_dflash_drafter_reads_the_taps_of_a_tensor_sharded_target(tmp_path):
+    """Each rank taps its sharded layers, whose outputs are whole after the all-reduce: chains and DDTrees decode
+    exactly and alike on both ranks."""
+    from tiny_dflash import save_zlab_dflash
+
+    target_dir = save_tiny_model_dir(tmp_path / "llama", "llama", num_hidden_layers=4)
+    dflash_dir = save_zlab_dflash(tmp_path / "dflash", make_tiny("llama", num_hidden_layers=4))
+    script = tmp_path / "dflash_ranks.py"
+    script.write_text(DFLASH_SCRIPT)
+    ranks = rank_lines(launch(script, str(target_dir), str(dflash_dir)))
+    assert {k: v for k, v in ranks[0].items() if k != "rank"} == {k: v for k, v in ranks[1].items() if k != "rank"}
+    model = load_model(target_dir).model
+    for name in ("chain", "ddtree"):
+        tokens, drafted, mode = ranks[0][name]
+        assert_greedy_equal(model, PROMPT, tokens, mlx_lm_greedy(model, PROMPT, 16))
+        assert drafted > 0 and mode.startswith("dflash") and ("tree" in mode) == (name == "ddtree")
+
+
+def test_dflash_refuses_a_pipeline_split_by_name(tmp_path):
+    import mlxspec
+    from mlxspec import UserError
+
+    with pytest.raises(UserError, match="--dflash taps layers that a pipeline split spreads over ranks"):
+        mlxspec.load(tmp_path, dflash=tmp_path, distributed="pipeline")
