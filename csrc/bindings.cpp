@@ -16,7 +16,7 @@ using namespace nb::literals;
 #endif
 
 NB_MODULE(_verify_kernel, m) {
-  m.doc() = "mlxspec's verify kernel: 1..16-row matmuls reading weights once, and sampling row ops.";
+  m.doc() = "mlxspec's verify kernel: 1..32-row matmuls reading weights once, and sampling row ops.";
   m.attr("built_with_mlx") = MLXSPEC_BUILT_WITH_MLX;
 
   m.def("verify_matmul", &mlxspec::verify_matmul, "x"_a, "w"_a, nb::kw_only(), "stream"_a = nb::none(),

@@ -1,4 +1,4 @@
-// The verification matmul: y = x @ W.T for 1..16 rows of x, reading each weight once for all rows.
+// The verification matmul: y = x @ W.T for 1..32 rows of x (any M works; mlxspec routes up to 32), reading each weight once for all rows.
 //
 // Row i of the result is computed by the same sequence of operations whatever the number of rows,
 // so a token's logits are bitwise the same when it is verified alone or with K drafted tokens.

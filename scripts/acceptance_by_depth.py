@@ -4,6 +4,7 @@ steps that keep depth d among those that drafted it with depth d-1 kept, at T=0 
 No timings here (those are `mlxspec bench`): the counts depend only on the seeds. Example:
 
     python scripts/acceptance_by_depth.py --eagle models/eagle --medusa models/medusa --depth 6 --json out.json
+    python scripts/acceptance_by_depth.py --dflash models/dflash --depth 7 --ddtrees 8:2,15:3 --json out.json
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--trees", default="8:2,16:4,24:4", help="EAGLE-2 trees as nodes:beam, comma-separated")
+    parser.add_argument("--dflash", default=None, help="a DFlash drafter (chains, and the --ddtrees)")
+    parser.add_argument("--ddtrees", default="8:2,15:3,24:4", help="DDTrees as nodes:topk, comma-separated")
+    parser.add_argument("--no-draft-model", action="store_true", help="skip the draft-model chain")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     target = load_model(DEFAULT_TARGET)
@@ -63,10 +67,23 @@ def main() -> None:
     prompts = heldout_prompts(target.tokenizer, args.num_prompts, 128)
     eagle = load_head(args.eagle, target.path) if args.eagle else None
     medusa = load_medusa(args.medusa, target.path) if args.medusa else None
+    dflash = None
+    if args.dflash:
+        from mlxspec.drafting.dflash_files import load_dflash
+
+        dflash = load_dflash(args.dflash, target)
     rows = {}
     for temperature in (0.0, 0.7):
         chain = DecodeOptions(temperature=temperature, num_draft=args.depth, lookup=False)
-        runs = {"draft model chain": (chain, {"draft_model": draft.model})}
+        runs = {} if args.no_draft_model else {"draft model chain": (chain, {"draft_model": draft.model})}
+        if dflash is not None:
+            runs["dflash chain"] = (chain, {"dflash": dflash})
+            for spec in args.ddtrees.split(","):
+                nodes, topk = (int(x) for x in spec.split(":"))
+                runs[f"dflash ddtree {nodes}n top{topk}"] = (
+                    chain.updated(tree_topk=topk, tree_nodes=nodes),
+                    {"dflash": dflash},
+                )
         if eagle is not None:
             runs["eagle chain"] = (chain, {"feature_head": eagle})
             for spec in args.trees.split(","):

@@ -1,7 +1,7 @@
 """Verification cost v(n) of the widened bench target with and without the verify kernel, per weight format.
 
 For float32, bfloat16 and 4-/8-bit (group 64) copies of the embedded target widened to LAYERSxWIDTH, times one
-target forward over n = 1, 2, 4, 8, 16 tokens at context 256 (median of 7, costs._time_forward) with MLX's
+target forward over n = 1, 2, 4, 8, 16, 24, 32, 33 tokens at context 256 (median of 7, costs._time_forward) with MLX's
 matmuls and with the kernel routed in (verify_kernel.routed), and prints ms and v(n) = cost(n) / cost(1).
 
     python scripts/bench_verify_kernel.py [--widen 24x768] [--formats f32,bf16,q4,q8]
@@ -20,7 +20,7 @@ from mlxspec.kernels import verify as verify_kernel
 from mlxspec.loading import DEFAULT_TARGET, load_model
 from mlxspec.platform import blas_in_use
 
-SIZES = (1, 2, 4, 8, 16)
+SIZES = (1, 2, 4, 8, 16, 24, 32, 33)  # 33: one row past the kernel, MLX's matmul in both
 
 
 def converted(model: nn.Module, fmt: str) -> nn.Module:
@@ -43,7 +43,7 @@ def main() -> None:
     source = load_model(DEFAULT_TARGET)
     threads = backend.threads
     print(f"# target widened to {args.widen}; context 256; median of 7; {blas_in_use()} BLAS; kernel threads {threads}")
-    print(f"{'format':7s} {'matmul':7s} " + " ".join(f"{f'n={n} ms':>9s}" for n in SIZES) + "   v(2..16)")
+    print(f"{'format':7s} {'matmul':7s} " + " ".join(f"{f'n={n} ms':>9s}" for n in SIZES) + "   v(2..33)")
     for fmt in args.formats.split(","):
         model, _ = widen(source.model, source.config, WidenSpec.parse(args.widen))
         model = converted(model, fmt)

@@ -330,7 +330,7 @@ def build_modes(
 
 
 EAGLE_TREES = ((8, 2), (16, 4))  # (node budget, beam) of the EAGLE-2 dynamic trees bench compares
-DDTREES = ((8, 2), (15, 3))  # (node budget, candidates per position) of DFlash's DDTrees; 16 rows fit the kernel
+DDTREES = ((8, 2), (15, 3), (31, 4))  # (node budget, candidates per position) of DFlash's DDTrees
 
 
 def profile_split(

@@ -1,1 +1,1 @@
-"""Verify kernels: matmuls for 1-16 rows behind the VerifyBackend protocol (the CPU extension today)."""
+"""Verify kernels: matmuls for 1-32 rows behind the VerifyBackend protocol (the CPU extension today)."""

@@ -1,4 +1,4 @@
-"""The verify kernel: a matmul for 1..16 rows that reads each weight once for all of them (csrc/), and the
+"""The verify kernel: a matmul for 1..32 rows that reads each weight once for all of them (csrc/), and the
 routed view of a target that sends its Linear, QuantizedLinear and tied-embedding LM head through it.
 
 Why: MLX's CPU matmul packs the whole weight matrix on every small-M call, so verifying K+1 tokens costs far more
@@ -21,7 +21,7 @@ import mlx.nn as nn
 from mlxspec.errors import UserError
 from mlxspec.options import KERNEL_CHOICES
 
-MAX_ROWS = 16  # more rows than this (prefill, big trees) go to MLX's own matmul
+MAX_ROWS = 32  # more rows than this (prefill, the biggest trees) go to MLX's own matmul
 FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 
 
