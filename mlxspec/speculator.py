@@ -97,6 +97,7 @@ class Speculator:
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
         self.last_stats = Stats()
         self._routed_counts: dict[tuple[int, int], int] = {}
+        self._block_cost: float | None = None  # seconds of one DFlash drafter forward, once measured
         # prompt_cache N > 0: the last N runs keep their caches, and a next prompt prefills only past its longest
         # common prefix with one of them (a chat or server resending conversations). A running stream holds its
         # caches alone: another stream started meanwhile takes another entry or starts cold.
@@ -314,7 +315,10 @@ class Speculator:
             and isinstance(drafter, (DraftModelDrafter, PromptLookupDrafter, FeatureDrafter, DFlashDrafter))
         ):
             controller = self.draft_length_controller(
-                options.depth, with_draft=isinstance(drafter, DraftModelDrafter), kernel=options.kernel
+                options.depth,
+                with_draft=isinstance(drafter, DraftModelDrafter),
+                kernel=options.kernel,
+                block_seconds=self._block_seconds(drafter, target) if isinstance(drafter, DFlashDrafter) else 0.0,
             )
             if not controller.can_win:
                 return None, None, "verification costs too much on this device for drafting to pay; decoding plainly"
@@ -322,13 +326,26 @@ class Speculator:
                 controller = None  # lookup drafts what matches, up to k; the curve only decides whether to draft
         return drafter, controller, ""
 
-    def draft_length_controller(self, max_draft: int, with_draft: bool = True, kernel: str = "auto"):
-        """Adaptive draft length from this device's measured cost curve (measured once, then cached)."""
+    def draft_length_controller(
+        self, max_draft: int, with_draft: bool = True, kernel: str = "auto", block_seconds: float = 0.0
+    ):
+        """Adaptive draft length from this device's measured cost curve (measured once, then cached); a block
+        drafter's one forward per step (block_seconds) is paid whatever the length."""
+        from dataclasses import replace
+
         from mlxspec.decoding.costs import DraftLengthController, model_curve
 
         draft = self.draft if with_draft else None
         curve = model_curve(self.target, draft, tuple(range(1, max_draft + 2)), kernel=kernel)
-        return DraftLengthController(curve, max_draft)
+        return DraftLengthController(replace(curve, draft_block=block_seconds), max_draft)
+
+    def _block_seconds(self, drafter, target) -> float:
+        """One block drafter forward at context 256, timed once per Speculator."""
+        if self._block_cost is None:
+            from mlxspec.drafting.dflash import block_seconds
+
+            self._block_cost = block_seconds(drafter.model, target)
+        return self._block_cost
 
     def corpus_successors(self):
         """Prompt lookup's fallback table for this tokenizer (built once per machine, then read once per load)."""

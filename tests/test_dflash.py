@@ -272,3 +272,28 @@ def test_a_widened_drafter_on_the_widened_target_keeps_its_function(tmp_path):
 
     assert wide_model.config.hidden_size == 64 and wide_model.config.num_target_layers == 3
     assert mx.allclose(block(model, target), block(wide_model, wide_target), atol=1e-4).item()
+
+
+def test_the_draft_length_controller_pays_a_block_drafter_once_per_step():
+    from mlxspec.decoding.costs import CostCurve, DraftLengthController, expected_speedup
+
+    flat = {n: 0.010 for n in range(1, 9)}  # verification as cheap as one token: a bandwidth-bound target
+    cheap = CostCurve(flat, 0.0, 256, "test", draft_block=0.002)
+    assert expected_speedup(cheap, 0.5, 0) == 1.0  # plain decoding pays no block
+    assert expected_speedup(cheap, 1.0, 7) == pytest.approx(8 * 0.010 / (0.002 + 0.010))
+    assert DraftLengthController(cheap, 7).can_win
+    dear = CostCurve(flat, 0.0, 256, "test", draft_block=0.2)  # a block costs 20 target tokens: never pays
+    assert not DraftLengthController(dear, 7).can_win
+
+
+def test_k_auto_with_dflash_is_exact_and_states_how_it_drafted(tmp_path):
+    import mlxspec
+
+    target_dir = save_tiny_model_dir(tmp_path / "target", "qwen3", seed=1, num_hidden_layers=4)
+    drafter_dir = save_zlab_dflash(tmp_path / "dflash", tiny_target("qwen3"))
+    spec = mlxspec.load(target_dir, dflash=drafter_dir, num_draft="auto")
+    result = spec.generate([1, 2, 3, 1, 2], max_tokens=12, stop_at_eos=False)
+    plain = spec.generate([1, 2, 3, 1, 2], max_tokens=12, stop_at_eos=False, use_draft=False)
+    assert result.tokens == plain.tokens
+    # either it drafted (and says k=auto) or the cost curve said drafting cannot pay (and says so)
+    assert (result.stats.mode == "dflash" and result.stats.num_draft == "auto") or "drafting to pay" in result.stats.note

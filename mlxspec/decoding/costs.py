@@ -33,6 +33,7 @@ class CostCurve:
     draft_one: float  # one draft forward of one token (0 for drafters without a model)
     context: int
     blas: str
+    draft_block: float = 0.0  # one forward of a block drafter (DFlash), whatever k: paid once per drafting step
 
     def target_cost(self, n: int) -> float:
         """Interpolated cost of verifying n tokens."""
@@ -56,7 +57,7 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 def expected_speedup(curve: CostCurve, alpha: float, k: int) -> float:
     """Tokens per second relative to plain decoding for draft length k (k = 0 is plain decoding)."""
-    step_seconds = k * curve.draft_one + curve.target_cost(k + 1)
+    step_seconds = k * curve.draft_one + (curve.draft_block if k else 0.0) + curve.target_cost(k + 1)
     return expected_tokens(alpha, k) * curve.target_cost(1) / step_seconds
 
 

@@ -113,6 +113,25 @@ class DFlashDrafter(Drafter):
         return Draft(mx.array([tokens[len(path) - 1][path[-1]] for path in chosen], dtype=mx.int32), None, shape)
 
 
+def block_seconds(model: DFlashDraftModel, target: nn.Module, context: int = 256, repeats: int = 7) -> float:
+    """Median seconds of one full block (block_size rows) at `context` committed positions: the drafter's cost per
+    drafting step, which the draft-length controller adds to verification (it barely depends on k)."""
+    import statistics
+    import time
+
+    drafter = DFlashDrafter(model, target, SamplingConfig())
+    drafter.prefill([0] * (context + 1))
+    width = len(drafter.target_taps) * model.config.hidden_size
+    drafter.set_hidden(mx.zeros((context, width), dtype=model.fc.weight.dtype))
+    mx.eval(drafter.block_logits(drafter.max_depth))  # fills the context rows; later blocks only read them
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        mx.eval(drafter.block_logits(drafter.max_depth))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
 def best_first_tree(logps: list[list[float]], max_nodes: int) -> tuple[TreeShape, list[tuple[int, ...]]]:
     """DDTree's tree: of all paths (r_1..r_d) over each row's candidates (ranks r_i, best first, log-probs
     logps[i][r_i]), the max_nodes of highest joint log-prob; a path enters only after its parent, so ancestors are
