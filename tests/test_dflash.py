@@ -24,7 +24,7 @@ from mlxspec.decoding.sampling import SamplingConfig
 from mlxspec.decoding.target_features import decoder_layers, forward_with_hidden
 from mlxspec.drafting.dflash import DFlashDrafter, best_first_tree
 from mlxspec.drafting.dflash_files import load_dflash, parse_dflash_config
-from mlxspec.loading import LoadedModel
+from mlxspec.loading import LoadedModel, load_model
 from mlxspec.train.dflash import block_loss, cache_features
 
 FAMILIES = ("llama", "qwen3", "qwen3_5")
@@ -296,4 +296,23 @@ def test_k_auto_with_dflash_is_exact_and_states_how_it_drafted(tmp_path):
     plain = spec.generate([1, 2, 3, 1, 2], max_tokens=12, stop_at_eos=False, use_draft=False)
     assert result.tokens == plain.tokens
     # either it drafted (and says k=auto) or the cost curve said drafting cannot pay (and says so)
-    assert (result.stats.mode == "dflash" and result.stats.num_draft == "auto") or "drafting to pay" in result.stats.note
+    assert (
+        result.stats.mode == "dflash" and result.stats.num_draft == "auto"
+    ) or "drafting to pay" in result.stats.note
+
+
+def test_the_prompt_cache_keeps_the_drafter_rows_and_stays_exact(tmp_path):
+    """A conversation's second turn reuses the first's caches, the drafter's context rows included."""
+    import mlxspec
+
+    target_dir = save_tiny_model_dir(tmp_path / "target", "llama", seed=1, num_hidden_layers=4)
+    drafter_dir = save_zlab_dflash(tmp_path / "dflash", tiny_target("llama"))
+    cached = mlxspec.load(target_dir, dflash=drafter_dir, num_draft=4, prompt_cache=2)
+    fresh = mlxspec.load(target_dir, dflash=drafter_dir, num_draft=4)
+    first = [1, 2, 3, 1, 2, 3]
+    turn = cached.generate(first, max_tokens=10, stop_at_eos=False)
+    second = first + turn.tokens + [4, 5, 6]
+    again = cached.generate(second, max_tokens=10, stop_at_eos=False)
+    assert again.stats.reused_tokens > len(first) and again.stats.prompt_cache == "prefix"
+    assert again.tokens == fresh.generate(second, max_tokens=10, stop_at_eos=False).tokens
+    assert again.tokens == mlx_lm_greedy(load_model(target_dir).model, second, 10)
