@@ -316,3 +316,24 @@ def test_the_prompt_cache_keeps_the_drafter_rows_and_stays_exact(tmp_path):
     assert again.stats.reused_tokens > len(first) and again.stats.prompt_cache == "prefix"
     assert again.tokens == fresh.generate(second, max_tokens=10, stop_at_eos=False).tokens
     assert again.tokens == mlx_lm_greedy(load_model(target_dir).model, second, 10)
+
+
+def test_train_heads_dflash_writes_zlab_format_that_loads_resumes_and_refuses_another_base(tiny_dirs, tmp_path):
+    from mlxspec.train.dflash import DFlashTrainConfig, train_dflash
+
+    target = load_model(tiny_dirs["target"])
+    out = tmp_path / "dflash"
+    config = DFlashTrainConfig(steps=3, batch_size=2, anchors=4, seq_len=80, distill_sequences=4, eval_windows=2)
+    lines = []
+    trained = train_dflash(target, out, config, log=lines.append)
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["dflash_config"]["target_layer_ids"] == list(trained.config.target_layer_ids)
+    assert raw["mlxspec"]["base_model_identity"] and len(raw["mlxspec"]["acceptance_by_row"]) == 7
+    assert any(line.startswith("step 3/3 ") and "ETA" in line for line in lines)
+    loaded_back = load_dflash(out, target)  # z-lab's reader path, with our fingerprint checked
+    want, got = dict(_flat(trained.parameters())), dict(_flat(loaded_back.parameters()))
+    assert want.keys() == got.keys() and all(mx.allclose(want[k], got[k], atol=2e-2).item() for k in want)
+    with pytest.raises(UserError, match="was trained on base model"):
+        load_dflash(out, load_model(tiny_dirs["draft"]))
+    again = train_dflash(target, out, config, log=lines.append)  # a finished run resumes without training
+    assert all(mx.array_equal(v, dict(_flat(again.parameters()))[k]).item() for k, v in want.items())

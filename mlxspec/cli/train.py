@@ -44,7 +44,7 @@ def common_options(function):
 @click.option("--distill-sequences", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--block-size", type=click.IntRange(2, 33), default=8, show_default=True, help="DFlash: rows a block.")
 @click.option("--layers", type=click.IntRange(1, 8), default=2, show_default=True, help="DFlash: drafter layers.")
-@click.option("--anchors", type=click.IntRange(min=1), default=16, show_default=True, help="DFlash: blocks a window.")
+@click.option("--anchors", type=click.IntRange(min=1), default=32, show_default=True, help="DFlash: blocks a window.")
 @click.option("--gamma", type=click.FloatRange(min=0.1), default=4.0, show_default=True, help="DFlash: row decay.")
 def train_heads(kind, **params) -> None:
     """Train Medusa heads, an EAGLE head or a DFlash block drafter on a frozen target."""

@@ -46,7 +46,7 @@ WEIGHTS_FILE = "drafter.safetensors"  # the checkpoint's; the finished drafter i
 class DFlashTrainConfig:
     steps: int = 1500
     batch_size: int = 8  # windows per step
-    anchors: int = 16  # blocks per window
+    anchors: int = 32  # blocks per window
     seq_len: int = 256
     block_size: int = 8
     layers: int = 2
@@ -76,7 +76,8 @@ def new_drafter(target: LoadedModel, cfg: DFlashTrainConfig) -> DFlashDraftModel
     """A fresh drafter in the target's attention shape, tapping cfg.taps (default: spread, plus the last layer)."""
     own = text_config(target.config)
     layers = own["num_hidden_layers"]
-    taps = cfg.taps or tuple(sorted({*default_target_layers(layers, cfg.layers), layers - 1}))
+    spread = [min(max(t, 0), layers - 1) for t in default_target_layers(layers, cfg.layers)]  # (tiny targets)
+    taps = cfg.taps or tuple(sorted({*spread, layers - 1}))
     bad = next((t for t in taps if not 0 <= t < layers), None)
     if bad is not None:
         raise UserError(f"--taps {bad} is not a layer of the target (0..{layers - 1})")
