@@ -67,7 +67,8 @@ class DFlashTrainConfig:
             raise UserError(f"--block-size {self.block_size} must be 2..33 (the token fed and up to 32 drafts)")
         if self.seq_len < self.block_size + 8:
             raise UserError(
-                f"--seq-len {self.seq_len} is too short for blocks of {self.block_size}; use at least {self.block_size + 8}"
+                f"--seq-len {self.seq_len} is too short for blocks of {self.block_size}; "
+                f"use at least {self.block_size + 8}"
             )
         if context_length is not None and self.seq_len > context_length:
             raise UserError(f"--seq-len {self.seq_len} is past the model's context of {context_length}")
