@@ -237,9 +237,13 @@ def test_generate_with_dflash_from_the_command_line(cli_run, tmp_path):
             assert result["tokens"] == json.loads(plain)["tokens"]
     assert_one_line(cli_run(*common, "--dflash", tmp_path / "nowhere"), "is not a DFlash directory")
     bench = ("bench", "--model", target_dir, "--dflash", drafter_dir, "--modes", "plain,dflash", "-k", "2")
-    code, _, err = cli_run(*bench, "--repeats", "1", "--max-tokens", "4", "--temp", "0", "--json", tmp_path / "b.json")
+    code, _, err = cli_run(
+        *bench, "--repeats", "1", "--max-tokens", "4", "--temp", "0", "--profile", "--json", tmp_path / "b.json"
+    )
     assert code == 0, err
-    rows = {row["mode"] for row in json.loads((tmp_path / "b.json").read_text())["results"]["0.0"]}
+    results = json.loads((tmp_path / "b.json").read_text())["results"]
+    assert set(results["profile dflash 0.0"]) == {"draft", "verify", "target probs", "accept", "bookkeeping"}
+    rows = {row["mode"] for row in results["0.0"]}
     trees = {f"mlxspec dflash-tree-{nodes}n-beam{topk}" for nodes, topk in ((8, 2), (15, 3), (31, 4))}
     assert {"mlxspec dflash k=2", *trees} <= rows
     assert_one_line(cli_run(*common, "--dflash", drafter_dir, "--draft", target_dir), "are two drafters")

@@ -336,7 +336,8 @@ DDTREES = ((8, 2), (15, 3), (31, 4))  # (node budget, candidates per position) o
 def profile_split(
     speculator: Speculator, prompts: list[list[int]], max_tokens: int, num_draft: int, temperature: float
 ) -> dict[str, float]:
-    """Seconds per step spent drafting, verifying, accepting and on bookkeeping (profiling adds syncs)."""
+    """Seconds per step spent drafting, verifying, accepting and on bookkeeping (profiling adds syncs), with the
+    speculator's drafter: its draft model, or its DFlash drafter."""
     from mlxspec.decoding.assembly import build_engine
     from mlxspec.drafting.factory import make_drafter
     from mlxspec.kernels import verify as verify_kernel
@@ -347,8 +348,11 @@ def profile_split(
     steps = 0
     backend, _ = verify_kernel.resolve(options.kernel)
     for prompt in prompts:
-        drafter = make_drafter(options, draft_model=speculator.draft.model)
         target = verify_kernel.routed_view(speculator.target.model, backend)  # as generation runs it
+        if speculator.dflash is not None:
+            drafter = make_drafter(options, target_model=target, dflash=speculator.dflash)
+        else:
+            drafter = make_drafter(options, draft_model=speculator.draft.model)
         engine = build_engine(target, drafter, options)
         engine.prefill(prompt)
         engine.profile = totals

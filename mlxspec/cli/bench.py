@@ -287,14 +287,17 @@ def run_and_report(
             click.echo(note)
         by_temp[str(temp)] = results
         everything[str(temp)] = [runner.asdict(r) for r in results]
-        if p["profile"] and speculator.draft is not None:
-            split = runner.profile_split(speculator, prompts[:2], max_tokens, max(num_drafts), temp)
+        for kind, profiled in (("draft", speculator), ("dflash", dflash)):
+            if not p["profile"] or profiled is None or (kind == "draft" and speculator.draft is None):
+                continue
+            k = max(num_drafts) if kind == "draft" else min(max(num_drafts), dflash.dflash.config.block_size - 1)
+            split = runner.profile_split(profiled, prompts[:2], max_tokens, k, temp)
             total = sum(split.values())
             click.echo(
-                f"per-step split, draft k={max(num_drafts)} (profiling adds syncs): "
+                f"per-step split, {kind} k={k} (profiling adds syncs): "
                 + ", ".join(f"{phase} {1e3 * sec:.2f} ms ({100 * sec / total:.0f}%)" for phase, sec in split.items())
             )
-            everything[f"profile {temp}"] = split
+            everything[f"profile {temp}" if kind == "draft" else f"profile {kind} {temp}"] = split
     if p["json_out"]:
         with open(p["json_out"], "w") as f:
             summary = {"prompts": len(prompts), "max_tokens": max_tokens, "blas": blas_in_use(), "results": everything}
