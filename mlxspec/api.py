@@ -44,6 +44,7 @@ LOAD_KEYS = (
     "draft_bits",
     "eagle",
     "mtp",
+    "mtp_bits",
     "dflash",
     "prompt_cache",
     "distributed",
@@ -65,6 +66,7 @@ def load(
     prompt_cache: int = 0,
     distributed: str | None = None,
     dflash: str | Path | None = None,
+    mtp_bits: int | None = None,
 ) -> Speculator:
     """Load a target and a drafter once.
 
@@ -73,17 +75,19 @@ def load(
     `options` are the default DecodeOptions of every call; num_draft, kv_bits and draft_window, where given, replace
     theirs (None keeps what `options` say; without `options`, num_draft is "auto"). eagle: a directory written
     by `train-heads --kind eagle`; mtp: True for the native MTP head in the model's own files, or a directory or
-    repo of the original checkpoint that holds it. dflash: a DFlash block drafter's directory or Hugging Face repo
-    (z-lab's, or one written by `train-heads --kind dflash`). prompt_cache=N: keep the caches of the last N runs,
-    so a next prompt sharing a prefix with one of them (a conversation) prefills only the rest. distributed="tensor" or
-    "pipeline": under `mlx.launch`, split the target across the ranks (the drafter is replicated; -k auto becomes 4,
+    repo of the original checkpoint that holds it; the head keeps the checkpoint's precision unless mtp_bits (4 or
+    8) quantizes it, which costs acceptance (MTPLX measured MoE acceptance fall from ~80% to 5-11% at 4 bits).
+    dflash: a DFlash block drafter's directory or Hugging Face repo (z-lab's, or one written by `train-heads --kind
+    dflash`). prompt_cache=N: keep the caches of the last N runs, so a next prompt sharing a prefix with one of them
+    (a conversation) prefills only the rest. distributed="tensor" or "pipeline": under `mlx.launch`, split the
+    target across the ranks (the drafter is replicated; -k auto becomes 4,
     since each rank would measure its own cost curve).
     """
     if options is not None and not isinstance(options, DecodeOptions):
         raise UserError(f"options {options!r} is a {type(options).__name__}; pass a DecodeOptions")
     given = {"num_draft": num_draft, "kv_bits": kv_bits, "draft_window": draft_window}
     options = (options or DecodeOptions()).updated(**{k: v for k, v in given.items() if v is not None}).validate()
-    for name, bits in (("quantize_target", quantize_target), ("draft_bits", draft_bits)):
+    for name, bits in (("quantize_target", quantize_target), ("draft_bits", draft_bits), ("mtp_bits", mtp_bits)):
         if bits not in (None, 4, 8):
             raise UserError(f"{name} {bits!r} is not supported; use 4 or 8")
     heads_given = [
@@ -93,6 +97,8 @@ def load(
         heads_given.insert(0, "draft")
     if len(heads_given) > 1:
         raise UserError(f"{heads_given[0]} and {heads_given[1]} are two drafters; pass one of them")
+    if mtp_bits is not None and mtp in (None, False):
+        raise UserError(f"mtp_bits {mtp_bits} quantizes an MTP head, and this run has none; pass mtp too")
     if dflash is not None and distributed == "pipeline":
         raise UserError("--dflash taps layers that a pipeline split spreads over ranks; use --distributed tensor")
     sharding = None
@@ -122,9 +128,8 @@ def load(
     elif mtp not in (None, False):
         from mlxspec.drafting.mtp_weights import load_mtp_head
 
-        # Quantized like the target (asked for, or as it was converted): the head's precision changes speed only.
-        bits = quantize_target or (target.config.get("quantization") or {}).get("bits")
-        feature_head = load_mtp_head(target, None if mtp is True else mtp, bits=bits)
+        # In the checkpoint's own precision unless asked: a quantized head drafts faster but is accepted far less.
+        feature_head = load_mtp_head(target, None if mtp is True else mtp, bits=mtp_bits)
     block_drafter = None
     if dflash is not None:
         from mlxspec.drafting.dflash_files import load_dflash

@@ -200,3 +200,20 @@ def test_from_a_hub_repo_only_the_shards_holding_mtp_tensors_are_fetched(tmp_pat
     head = load_mtp_head(target, "XiaomiMiMo/MiMo-7B-RL")
     assert fetched == ["model.safetensors.index.json", "model-mtp.safetensors"]
     assert mx.array_equal(head.fc.weight, tensors["model.mtp_layers.0.input_proj.weight"]).item()
+
+
+def test_an_mtp_head_keeps_its_precision_unless_asked_and_mtp_bits_needs_a_head(tmp_path, cli_run, tiny_dirs):
+    """Quantizing an MTP head costs acceptance (MTPLX: MoE acceptance from ~80% to 5-11% at 4 bits): it stays in
+    float unless --mtp-bits asks, even on a quantized target; --mtp-bits without an MTP head is refused."""
+    import mlx.nn as nn
+
+    import mlxspec
+
+    target = tiny_target("mimo", tmp_path)
+    write_checkpoint("mimo", target.model, target.path, moe=False)
+    head = load_mtp_head(target)
+    assert type(head.fc) is nn.Linear and head.fc.weight.dtype in (mx.float32, mx.bfloat16)
+    code, _, err = cli_run("generate", "ab", "--model", tiny_dirs["target"], "--mtp-bits", "4")
+    assert code == 2 and "--mtp-bits 4 quantizes an MTP head, and this run has none; pass --mtp too" in err
+    with pytest.raises(mlxspec.UserError, match="mtp_bits 8 quantizes an MTP head"):
+        mlxspec.load(tiny_dirs["target"], mtp_bits=8)

@@ -38,6 +38,8 @@ def check_contradictions(p: dict) -> None:
     if len(given) > 1:
         raise UserError(f"{given[0].split()[0]} and {given[1].split()[0]} are two drafters; pass one of them")
     heads = p["medusa_path"] or p.get("eagle_path") or p.get("mtp_source") or p.get("dflash_path")
+    if p.get("mtp_bits") and not p.get("mtp_source"):
+        raise UserError(f"--mtp-bits {p['mtp_bits']} quantizes an MTP head, and this run has none; pass --mtp too")
     if p["draft_bits"] and (p["no_draft"] or heads):
         raise UserError(f"--draft-bits {p['draft_bits']} quantizes a draft model, and this run has none")
     if p.get("distributed") and p["memory_budget"]:
@@ -145,6 +147,7 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
         eagle=p.get("eagle_path"),
         mtp=True if p.get("mtp_source") == MTP_IN_MODEL else p.get("mtp_source"),
         dflash=p.get("dflash_path"),
+        mtp_bits=int(p["mtp_bits"]) if p.get("mtp_bits") else None,
         options=options,
         prompt_cache=prompt_cache,
         distributed=p.get("distributed"),

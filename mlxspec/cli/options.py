@@ -91,6 +91,12 @@ MODEL_OPTIONS = [
         "checkpoint (mlx_lm.convert drops MTP tensors).",
     ),
     click.option(
+        "--mtp-bits",
+        type=click.Choice(["4", "8"]),
+        default=None,
+        help="Quantize the MTP head too [default: its checkpoint's precision; quantizing it lowers acceptance].",
+    ),
+    click.option(
         "--dflash",
         "dflash_path",
         default=None,
