@@ -245,7 +245,7 @@ def test_generate_with_dflash_from_the_command_line(cli_run, tmp_path):
     assert set(results["profile dflash 0.0"]) == {"draft", "verify", "target probs", "accept", "bookkeeping"}
     rows = {row["mode"] for row in results["0.0"]}
     trees = {f"mlxspec dflash-tree-{nodes}n-beam{topk}" for nodes, topk in ((8, 2), (15, 3), (31, 4))}
-    assert {"mlxspec dflash k=2", *trees} <= rows
+    assert {"mlxspec dflash k=2", "mlxspec dflash k=auto", *trees} <= rows
     assert_one_line(cli_run(*common, "--dflash", drafter_dir, "--draft", target_dir), "are two drafters")
 
 

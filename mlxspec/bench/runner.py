@@ -323,6 +323,7 @@ def build_modes(
         block = dflash.dflash.config.block_size - 1
         for k in sorted({min(k, block) for k in ks}):
             modes[f"mlxspec dflash k={k}"] = mlxspec_mode(dflash, num_draft=k)
+        modes["mlxspec dflash k=auto"] = mlxspec_mode(dflash, num_draft="auto")  # what generate runs by default
         for nodes, topk in DDTREES:
             name = mode_name("dflash", tree_topk=topk, tree_nodes=nodes)
             modes[f"mlxspec {name}"] = mlxspec_mode(dflash, num_draft=block, tree_topk=topk, tree_nodes=nodes)
