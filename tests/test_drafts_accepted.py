@@ -121,3 +121,19 @@ def test_self_draft_acceptance_holds_under_top_p_and_top_k(self_draft):
         "cab", max_tokens=16, temperature=0.8, top_p=0.9, top_k=4, seed=5, num_draft=3, stop_at_eos=False
     )
     assert len(result.tokens) == 16 and result.stats.accepted == result.stats.drafted > 0
+
+
+def test_the_shipped_dflash_drafter_is_accepted_and_exact_on_held_out_code():
+    """models/dflash on the embedded target, T=0, on held-out stdlib code it never trained on: drafts accepted and
+    fewer target calls than tokens, every token the target's own greedy one, chains and a DDTree. (The issue's bar,
+    more accepted than rejected, is not met: about 0.3 of drafts are accepted at k=3; see models/dflash/README.md.)"""
+    from mlxspec.bench.runner import heldout_prompts
+
+    spec = mlxspec.load(dflash=MODELS_DIR / "dflash")
+    for prompt in heldout_prompts(spec.tokenizer, num_prompts=2, prompt_tokens=128):
+        result = spec.generate(prompt, max_tokens=TOKENS, stop_at_eos=False, num_draft=3)
+        assert result.stats.mode == "dflash"
+        assert_accepted_and_exact(result, mlx_lm_greedy(spec.target.model, prompt, TOKENS))
+        tree = spec.generate(prompt, max_tokens=TOKENS, stop_at_eos=False, num_draft=7, tree_topk=2, tree_nodes=12)
+        assert tree.stats.mode == "dflash-tree-12n-beam2"
+        assert_accepted_and_exact(tree, result.tokens)
