@@ -23,6 +23,12 @@ def main() -> None:
     parser.add_argument("--acceptance", required=True, help="JSON written by scripts/acceptance_by_depth.py")
     parser.add_argument("--machine", required=True, help="where it was trained and measured, in words")
     parser.add_argument("--command", default="", help="the train-heads command that made it")
+    parser.add_argument("--total-minutes", type=float, default=0, help="wall time with distillation, if known")
+    parser.add_argument(
+        "--measured-by",
+        default="python scripts/acceptance_by_depth.py --dflash models/dflash --depth 7 --no-draft-model",
+        help="the acceptance_by_depth.py command that wrote --acceptance",
+    )
     args = parser.parse_args()
     folder = Path(args.drafter)
     config = json.loads((folder / "config.json").read_text())
@@ -40,7 +46,8 @@ def main() -> None:
         f"(`-k` up to {config['dflash_config']['block_size'] - 1}), {size / 2**20:.1f} MiB in bf16. It shares the "
         "target's embedding and LM head, and carries the target's fingerprint, which `--dflash` checks.",
         "",
-        f"Trained on {args.machine} in {training.get('seconds', 0) / 60:.0f} minutes of wall time"
+        f"Trained on {args.machine} in {training.get('seconds', 0) / 60:.0f} minutes of training-loop wall time"
+        + (f" ({args.total_minutes:.0f} with the self-distillation and the feature pass)" if args.total_minutes else "")
         + (f" by `{args.command}`" if args.command else "")
         + f": {training.get('steps')} steps of {training.get('batch_size')} windows x {training.get('anchors')} "
         f"anchors, windows of {training.get('seq_len')} tokens from {training.get('distill_sequences')} "
@@ -50,7 +57,7 @@ def main() -> None:
         "## Acceptance in generation (held-out stdlib prompts)",
         "",
         "tau: tokens per target call; alpha_d: the share of steps keeping draft d among those that kept d-1.",
-        "Measured by `python scripts/acceptance_by_depth.py --dflash models/dflash --depth 7 --no-draft-model`.",
+        f"Measured by `{args.measured_by}` on the same host.",
         "",
         "| mode | tau | alpha by depth |",
         "|---|---|---|",
