@@ -337,7 +337,7 @@ class Speculator:
 
         draft = self.draft if with_draft else None
         curve = model_curve(self.target, draft, tuple(range(1, max_draft + 2)), kernel=kernel)
-        return DraftLengthController(replace(curve, draft_block=block_seconds), max_draft)
+        return DraftLengthController(replace(curve, draft_block=block_seconds), max_draft, pause=block_seconds > 0)
 
     def _block_seconds(self, drafter, target) -> float:
         """One block drafter forward at context 256, timed once per Speculator."""

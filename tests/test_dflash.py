@@ -341,3 +341,22 @@ def test_train_heads_dflash_writes_zlab_format_that_loads_resumes_and_refuses_an
         load_dflash(out, load_model(tiny_dirs["draft"]))
     again = train_dflash(target, out, config, log=lines.append)  # a finished run resumes without training
     assert all(mx.array_equal(v, dict(_flat(again.parameters()))[k]).item() for k, v in want.items())
+
+
+def test_a_paused_controller_decodes_plainly_where_no_length_pays_and_keeps_probing():
+    from mlxspec.decoding.costs import PROBE_EVERY, CostCurve, DraftLengthController
+
+    curve = CostCurve({n: 0.010 for n in range(1, 9)}, 0.0, 256, "test", draft_block=0.006)
+    controller = DraftLengthController(curve, 7, pause=True)
+    assert controller.next_length() > 0  # the prior (alpha 0.6) says drafting pays
+    for _ in range(20):
+        controller.update(drafted=4, accepted=0)  # nothing accepted: alpha falls
+    lengths = [controller.next_length() for _ in range(2 * PROBE_EVERY)]
+    assert lengths.count(0) == 2 * PROBE_EVERY - 2 and lengths.count(1) == 2  # plain, but a probe every 8 steps
+    for _ in range(20):
+        controller.update(drafted=1, accepted=1)  # the probes are accepted: drafting resumes
+    assert controller.next_length() > 1
+    eager = DraftLengthController(curve, 7)  # without pause (draft models, heads): at least one token, as before
+    for _ in range(20):
+        eager.update(drafted=4, accepted=0)
+    assert eager.next_length() == 1

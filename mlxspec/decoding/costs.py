@@ -142,11 +142,20 @@ def cached_curve(
     return curve
 
 
-class DraftLengthController:
-    """Chooses each step's draft length from the running acceptance rate and the measured cost curve."""
+PROBE_EVERY = 8  # a paused controller drafts one token every this many steps, to keep measuring acceptance
 
-    def __init__(self, curve: CostCurve, max_k: int, prior_alpha: float = 0.6, memory: float = 0.9):
-        self.curve, self.max_k, self.memory = curve, max_k, memory
+
+class DraftLengthController:
+    """Chooses each step's draft length from the running acceptance rate and the measured cost curve.
+
+    pause=True (block drafters, whose one forward per step costs the same whatever k): where no length pays at the
+    running acceptance, decode plainly, drafting one token every PROBE_EVERY steps to keep measuring it."""
+
+    def __init__(
+        self, curve: CostCurve, max_k: int, prior_alpha: float = 0.6, memory: float = 0.9, pause: bool = False
+    ):
+        self.curve, self.max_k, self.memory, self.pause = curve, max_k, memory, pause
+        self.paused_steps = 0
         # Acceptance counts with exponential forgetting; the prior counts as two steps' worth.
         self.successes, self.failures = 2 * prior_alpha, 2 * (1 - prior_alpha)
         # Even perfect acceptance cannot pay for verification: decode plainly.
@@ -159,8 +168,13 @@ class DraftLengthController:
     def next_length(self) -> int:
         if not self.can_win:
             return 0
-        # Never settle below one draft token: with none, alpha would stop being measured.
-        return max(1, best_draft_length(self.curve, self.alpha, self.max_k))
+        best = best_draft_length(self.curve, self.alpha, self.max_k)
+        if best == 0 and self.pause:
+            self.paused_steps += 1
+            if self.paused_steps % PROBE_EVERY:
+                return 0
+        # Otherwise never settle below one draft token: with none, alpha would stop being measured.
+        return max(1, best)
 
     def update(self, drafted: int, accepted: int) -> None:
         """A chain stops at its first rejection: `accepted` successes, then one failure unless all were accepted."""
