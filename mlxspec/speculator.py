@@ -97,7 +97,7 @@ class Speculator:
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
         self.last_stats = Stats()
         self._routed_counts: dict[tuple[int, int], int] = {}
-        self._block_cost: float | None = None  # seconds of one DFlash drafter forward, once measured
+        self._block_costs: dict[bool, float] = {}  # seconds of one DFlash proposal, greedy and sampled
         # prompt_cache N > 0: the last N runs keep their caches, and a next prompt prefills only past its longest
         # common prefix with one of them (a chat or server resending conversations). A running stream holds its
         # caches alone: another stream started meanwhile takes another entry or starts cold.
@@ -318,7 +318,9 @@ class Speculator:
                 options.depth,
                 with_draft=isinstance(drafter, DraftModelDrafter),
                 kernel=options.kernel,
-                block_seconds=self._block_seconds(drafter, target) if isinstance(drafter, DFlashDrafter) else 0.0,
+                block_seconds=(
+                    self._block_seconds(drafter, target, options) if isinstance(drafter, DFlashDrafter) else 0.0
+                ),
             )
             if not controller.can_win:
                 return None, None, "verification costs too much on this device for drafting to pay; decoding plainly"
@@ -339,13 +341,15 @@ class Speculator:
         curve = model_curve(self.target, draft, tuple(range(1, max_draft + 2)), kernel=kernel)
         return DraftLengthController(replace(curve, draft_block=block_seconds), max_draft, pause=block_seconds > 0)
 
-    def _block_seconds(self, drafter, target) -> float:
-        """One block drafter forward at context 256, timed once per Speculator."""
-        if self._block_cost is None:
+    def _block_seconds(self, drafter, target, options: DecodeOptions) -> float:
+        """One block drafter proposal at context 256, drawn as these options draw it (greedy, or sampled with the
+        filters), timed once per Speculator and kind."""
+        key = options.sampling.greedy
+        if key not in self._block_costs:
             from mlxspec.drafting.dflash import block_seconds
 
-            self._block_cost = block_seconds(drafter.model, target)
-        return self._block_cost
+            self._block_costs[key] = block_seconds(drafter.model, target, options.sampling)
+        return self._block_costs[key]
 
     def corpus_successors(self):
         """Prompt lookup's fallback table for this tokenizer (built once per machine, then read once per load)."""

@@ -113,21 +113,30 @@ class DFlashDrafter(Drafter):
         return Draft(mx.array([tokens[len(path) - 1][path[-1]] for path in chosen], dtype=mx.int32), None, shape)
 
 
-def block_seconds(model: DFlashDraftModel, target: nn.Module, context: int = 256, repeats: int = 7) -> float:
-    """Median seconds of one full block (block_size rows) at `context` committed positions: the drafter's cost per
-    drafting step, which the draft-length controller adds to verification (it barely depends on k)."""
+def block_seconds(
+    model: DFlashDraftModel,
+    target: nn.Module,
+    sampling: SamplingConfig = SamplingConfig(),
+    context: int = 256,
+    repeats: int = 7,
+) -> float:
+    """Median seconds of one full proposal (block_size rows, drawn as `sampling` draws them: at T>0 that adds each
+    row's q) at `context` committed positions: the drafter's cost per drafting step, which the draft-length
+    controller adds to verification (it barely depends on k)."""
     import statistics
     import time
 
-    drafter = DFlashDrafter(model, target, SamplingConfig())
+    drafter = DFlashDrafter(model, target, sampling)
     drafter.prefill([0] * (context + 1))
     width = len(drafter.target_taps) * model.config.hidden_size
     drafter.set_hidden(mx.zeros((context, width), dtype=model.fc.weight.dtype))
     mx.eval(drafter.block_logits(drafter.max_depth))  # fills the context rows; later blocks only read them
     times = []
+    key = mx.random.key(0)
     for _ in range(repeats + 1):
         start = time.perf_counter()
-        mx.eval(drafter.block_logits(drafter.max_depth))
+        draft = drafter.propose(drafter.max_depth, key)
+        mx.eval(draft.tokens, draft.probs if draft.probs is not None else draft.tokens)
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 
