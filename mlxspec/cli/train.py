@@ -55,9 +55,7 @@ def train_heads(kind, **params) -> None:
         _train_dflash(**params)
         return
     from mlxspec.drafting.feature_head import CONFIG_FILE
-    from mlxspec.loading import DEFAULT_TARGET, load_model, resolve_model_path
     from mlxspec.train.eagle import EagleTrainConfig, train_eagle
-    from mlxspec.train.medusa import prepare_out_dir
 
     config = EagleTrainConfig(
         steps=params["steps"] or 2000,
@@ -69,13 +67,7 @@ def train_heads(kind, **params) -> None:
         data=params["data"],
         distill_sequences=params["distill_sequences"],
     )
-    config.validate()
-    model_dir = resolve_model_path(DEFAULT_TARGET if params["model"] is None else params["model"])
-    prepare_out_dir(params["out_dir"], CONFIG_FILE, model_dir)
-    target = load_model(model_dir)
-    config.validate(target.context_length)
-    train_eagle(target, Path(params["out_dir"]), config, log=lambda line: click.echo(line, err=True))
-    click.echo(f"saved the EAGLE head to {params['out_dir']}")
+    run_training(config, train_eagle, params["model"], params["out_dir"], CONFIG_FILE, "the EAGLE head")
 
 
 @click.command("train-medusa")
@@ -89,8 +81,8 @@ def train_medusa(**params) -> None:
 
 
 def _train_medusa(model, out_dir, steps, batch_size, seq_len, lr, seed, data, heads, full_lm_heads, **_) -> None:
-    from mlxspec.loading import DEFAULT_TARGET, load_model, resolve_model_path
-    from mlxspec.train.medusa import MedusaTrainConfig, prepare_out_dir
+    from mlxspec.drafting.medusa import CONFIG_FILE
+    from mlxspec.train.medusa import MedusaTrainConfig
     from mlxspec.train.medusa import train_medusa as run
 
     config = MedusaTrainConfig(
@@ -103,19 +95,11 @@ def _train_medusa(model, out_dir, steps, batch_size, seq_len, lr, seed, data, he
         data=data,
         shared_lm_head=not full_lm_heads,
     )
-    config.validate()
-    model_dir = resolve_model_path(DEFAULT_TARGET if model is None else model)
-    prepare_out_dir(out_dir, model_dir=model_dir)
-    target = load_model(model_dir)
-    config.validate(target.context_length)
-    run(target, Path(out_dir), config, log=lambda line: click.echo(line, err=True))
-    click.echo(f"saved Medusa heads to {out_dir}")
+    run_training(config, run, model, out_dir, CONFIG_FILE, "Medusa heads")
 
 
 def _train_dflash(**params) -> None:
-    from mlxspec.loading import DEFAULT_TARGET, load_model, resolve_model_path
     from mlxspec.train.dflash import DFlashTrainConfig, train_dflash
-    from mlxspec.train.medusa import prepare_out_dir
 
     config = DFlashTrainConfig(
         steps=params["steps"] or 1500,
@@ -130,10 +114,19 @@ def _train_dflash(**params) -> None:
         anchors=params["anchors"],
         gamma=params["gamma"],
     )
+    run_training(config, train_dflash, params["model"], params["out_dir"], "config.json", "the DFlash drafter")
+
+
+def run_training(config, train, model: str | None, out_dir: str, config_file: str, what: str) -> None:
+    """What every kind shares: check the settings, refuse a bad --out before loading, load the frozen target,
+    check the settings against its context, train with progress on stderr, and say where the result went."""
+    from mlxspec.loading import DEFAULT_TARGET, load_model, resolve_model_path
+    from mlxspec.train.medusa import prepare_out_dir
+
     config.validate()
-    model_dir = resolve_model_path(DEFAULT_TARGET if params["model"] is None else params["model"])
-    prepare_out_dir(params["out_dir"], "config.json", model_dir)
+    model_dir = resolve_model_path(DEFAULT_TARGET if model is None else model)
+    prepare_out_dir(out_dir, config_file, model_dir)
     target = load_model(model_dir)
     config.validate(target.context_length)
-    train_dflash(target, Path(params["out_dir"]), config, log=lambda line: click.echo(line, err=True))
-    click.echo(f"saved the DFlash drafter to {params['out_dir']}")
+    train(target, Path(out_dir), config, log=lambda line: click.echo(line, err=True))
+    click.echo(f"saved {what} to {out_dir}")
