@@ -111,6 +111,14 @@ def checkpoint_state(ckpt: Path) -> dict:
     return state
 
 
+def check_checkpoint_identity(state: dict, identity: dict, out_dir: Path) -> None:
+    """A checkpoint resumes only the run it came from: refuse one whose recorded identity (kind, shape, base model)
+    differs from this run's, naming what differs."""
+    for key, want in identity.items():
+        if key in state and state[key] != want:
+            raise UserError(f"the checkpoint in '{out_dir}' was made for another {key}; pass a new --out")
+
+
 def resume_checkpoint(module: nn.Module, optimizer, ckpt: Path, weights_file: str, out_dir: Path) -> None:
     """Load a checkpoint's weights and optimizer state, refusing one that does not fit `module`."""
     from mlx.utils import tree_unflatten

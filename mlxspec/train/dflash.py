@@ -23,11 +23,11 @@ import mlx.optimizers as optim
 import numpy as np
 
 from mlxspec.decoding.target_features import decoder_layers, final_norm, forward_with_hidden, output_head, text_model
-from mlxspec.drafting.corpus import split_files
 from mlxspec.drafting.dflash_files import default_target_layers, save_dflash, target_embedding_rows
 from mlxspec.drafting.dflash_model import DFlashConfig, DFlashDraftModel
 from mlxspec.drafting.head_files import (
     base_model_identity,
+    check_checkpoint_identity,
     checkpoint_state,
     resume_checkpoint,
     save_checkpoint,
@@ -36,8 +36,8 @@ from mlxspec.drafting.head_files import (
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 from mlxspec.model_files import text_config
-from mlxspec.train.eagle import distilled_stream
-from mlxspec.train.medusa import DISTILL_PROMPT, check_distill_length, token_stream
+from mlxspec.train.eagle import training_streams
+from mlxspec.train.medusa import DISTILL_PROMPT, check_distill_length
 
 WEIGHTS_FILE = "drafter.safetensors"  # the checkpoint's; the finished drafter is model.safetensors
 
@@ -202,21 +202,8 @@ def train_dflash(
     ckpt = out_dir / "checkpoint"
     state = checkpoint_state(ckpt)
     identity = {"kind": "dflash", **_shape(model)}
-    for key, want in identity.items():
-        if key in state and state[key] != want:
-            raise UserError(f"the checkpoint in '{out_dir}' was made for another {key}; pass a new --out")
-    train_files, heldout_files = split_files()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stream = token_stream(train_files, target.tokenizer)
-    if cfg.data == "self-distill":
-        cached = out_dir / "distilled.npy"
-        stream = distilled_stream(
-            target, stream, cfg, cfg.distill_sequences, cfg.seed + 1, cached, log, "training data"
-        )
-    heldout_stream = token_stream(heldout_files, target.tokenizer)
-    heldout = distilled_stream(
-        target, heldout_stream, cfg, cfg.eval_windows, 7, out_dir / "heldout.npy", log, "held-out data"
-    )
+    check_checkpoint_identity(state, identity, out_dir)
+    stream, heldout = training_streams(target, cfg, out_dir, log)
     windows = _windows(stream, cfg.seq_len)
     held_windows = _windows(heldout, cfg.seq_len)
     if len(windows) < cfg.batch_size:

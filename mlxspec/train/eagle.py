@@ -24,7 +24,13 @@ import numpy as np
 from mlxspec.decoding.target_features import forward_with_hidden
 from mlxspec.drafting.corpus import split_files
 from mlxspec.drafting.feature_head import FeatureHead, HeadOnTarget, new_eagle_head, save_head
-from mlxspec.drafting.head_files import checkpoint_state, resume_checkpoint, save_checkpoint, warmup_cosine
+from mlxspec.drafting.head_files import (
+    check_checkpoint_identity,
+    checkpoint_state,
+    resume_checkpoint,
+    save_checkpoint,
+    warmup_cosine,
+)
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 from mlxspec.train.medusa import check_distill_length, self_distilled_stream, token_stream
@@ -180,16 +186,12 @@ def distilled_stream(
     return data
 
 
-def train_eagle(
-    target: LoadedModel, out_dir: Path, cfg: EagleTrainConfig, log: Callable[[str], None] = print
-) -> FeatureHead:
-    mx.random.seed(cfg.seed)
-    head = new_eagle_head(target.config, target.path)
-    ckpt = out_dir / "checkpoint"
-    state = checkpoint_state(ckpt)
-    for key, want in _identity(head).items():
-        if key in state and state[key] != want:
-            raise UserError(f"the checkpoint in '{out_dir}' was made for another {key}; pass a new --out")
+def training_streams(
+    target: LoadedModel, cfg, out_dir: Path, log: Callable[[str], None]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(training tokens, held-out tokens) for a head trainer (EAGLE, DFlash): the stdlib's training files, or with
+    cfg.data "self-distill" the target's continuations of them; the held-out files always self-distilled. Both
+    cached in out_dir, so a resumed run reuses them."""
     train_files, heldout_files = split_files()
     out_dir.mkdir(parents=True, exist_ok=True)
     stream = token_stream(train_files, target.tokenizer)
@@ -201,6 +203,18 @@ def train_eagle(
     heldout = distilled_stream(
         target, heldout_stream, cfg, cfg.eval_windows, 7, out_dir / "heldout.npy", log, "held-out data"
     )
+    return stream, heldout
+
+
+def train_eagle(
+    target: LoadedModel, out_dir: Path, cfg: EagleTrainConfig, log: Callable[[str], None] = print
+) -> FeatureHead:
+    mx.random.seed(cfg.seed)
+    head = new_eagle_head(target.config, target.path)
+    ckpt = out_dir / "checkpoint"
+    state = checkpoint_state(ckpt)
+    check_checkpoint_identity(state, _identity(head), out_dir)
+    stream, heldout = training_streams(target, cfg, out_dir, log)
     if len(stream) <= cfg.seq_len:
         raise UserError(f"--seq-len {cfg.seq_len} is longer than the whole training text ({len(stream)} tokens)")
     target.model.freeze()
