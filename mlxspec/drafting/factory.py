@@ -27,6 +27,7 @@ def make_drafter(
     target_model), or a draft model, optionally behind prompt lookup (with its corpus table `successors`); None
     decodes plainly. The one place drafters are wired."""
     sampling, depth = options.sampling, options.depth
+    max_nodes = options.tree_nodes or depth * options.tree_topk  # the node budget of a dynamic tree or a DDTree
     model_drafter: Drafter | None = None
     if options.use_draft and dflash is not None:
         from mlxspec.drafting.dflash import DFlashDrafter
@@ -36,7 +37,7 @@ def make_drafter(
             target_model,
             sampling,
             tree_topk=options.tree_topk,
-            max_nodes=options.tree_nodes or depth * options.tree_topk,
+            max_nodes=max_nodes,
         )
     elif options.use_draft and feature_head is not None:
         from mlxspec.drafting.feature_drafter import FeatureDrafter
@@ -46,7 +47,7 @@ def make_drafter(
             HeadOnTarget(feature_head, target_model),
             sampling,
             beam=options.tree_topk,
-            max_nodes=options.tree_nodes or depth * options.tree_topk,
+            max_nodes=max_nodes,
         )
     elif options.use_draft and medusa is not None:
         from mlxspec.drafting.medusa import MedusaDrafter

@@ -37,7 +37,7 @@ from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 from mlxspec.model_files import text_config
 from mlxspec.train.eagle import training_streams
-from mlxspec.train.medusa import DISTILL_PROMPT, check_distill_length
+from mlxspec.train.medusa import DISTILL_PROMPT, check_lr, check_window
 
 WEIGHTS_FILE = "drafter.safetensors"  # the checkpoint's; the finished drafter is model.safetensors
 
@@ -61,8 +61,7 @@ class DFlashTrainConfig:
     data: str = "self-distill"
 
     def validate(self, context_length: int | None = None) -> None:
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise UserError(f"--lr {self.lr} must be a finite number above 0; 1e-3 is a good start")
+        check_lr(self.lr)
         if not 2 <= self.block_size <= 33:
             raise UserError(f"--block-size {self.block_size} must be 2..33 (the token fed and up to 32 drafts)")
         if self.seq_len < self.block_size + 8:
@@ -70,9 +69,7 @@ class DFlashTrainConfig:
                 f"--seq-len {self.seq_len} is too short for blocks of {self.block_size}; "
                 f"use at least {self.block_size + 8}"
             )
-        if context_length is not None and self.seq_len > context_length:
-            raise UserError(f"--seq-len {self.seq_len} is past the model's context of {context_length}")
-        check_distill_length(self.data, self.seq_len)
+        check_window(self.seq_len, self.data, context_length)
 
 
 def new_drafter(target: LoadedModel, cfg: DFlashTrainConfig) -> DFlashDraftModel:

@@ -33,7 +33,7 @@ from mlxspec.drafting.head_files import (
 )
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
-from mlxspec.train.medusa import check_distill_length, self_distilled_stream, token_stream
+from mlxspec.train.medusa import check_lr, check_window, self_distilled_stream, token_stream
 
 MAX_DEPTH = 6  # depths whose held-out agreement the config records
 
@@ -53,17 +53,12 @@ class EagleTrainConfig:
     data: str = "self-distill"  # or "corpus"
 
     def validate(self, context_length: int | None = None) -> None:
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise UserError(f"--lr {self.lr} must be a finite number above 0; 1e-3 is a good start")
+        check_lr(self.lr)
         if not 1 <= self.unroll <= MAX_DEPTH:
             raise UserError(f"--unroll {self.unroll} must be 1..{MAX_DEPTH}")
         if self.seq_len < self.unroll + 8:
             raise UserError(f"--seq-len {self.seq_len} is too short to train; use at least {self.unroll + 8}")
-        if context_length is not None and self.seq_len > context_length:
-            raise UserError(
-                f"--seq-len {self.seq_len} is past the model's context of {context_length}; use at most that"
-            )
-        check_distill_length(self.data, self.seq_len)
+        check_window(self.seq_len, self.data, context_length)
 
 
 def unrolled_mask(length: int, depths: int) -> mx.array:

@@ -46,18 +46,26 @@ class MedusaTrainConfig:
 
     def validate(self, context_length: int | None = None) -> None:
         """Refuse values that would crash or waste a run (a 100000-token window asks for hundreds of GB)."""
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise UserError(f"--lr {self.lr} must be a finite number above 0; 1e-3 is a good start")
+        check_lr(self.lr)
         if self.seq_len < self.num_heads + 2:
             raise UserError(
                 f"--seq-len {self.seq_len} leaves no targets for {self.num_heads} heads; "
                 f"use at least {self.num_heads + 2}"
             )
-        if context_length is not None and self.seq_len > context_length:
-            raise UserError(
-                f"--seq-len {self.seq_len} is past the model's context of {context_length}; use at most that"
-            )
-        check_distill_length(self.data, self.seq_len)
+        check_window(self.seq_len, self.data, context_length)
+
+
+def check_lr(lr: float) -> None:
+    """Every trainer's learning rate: a finite number above 0."""
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise UserError(f"--lr {lr} must be a finite number above 0; 1e-3 is a good start")
+
+
+def check_window(seq_len: int, data: str, context_length: int | None) -> None:
+    """Every trainer's window: inside the model's context, with room for self-distillation's continuation."""
+    if context_length is not None and seq_len > context_length:
+        raise UserError(f"--seq-len {seq_len} is past the model's context of {context_length}; use at most that")
+    check_distill_length(data, seq_len)
 
 
 def check_distill_length(data: str, seq_len: int) -> None:
