@@ -228,12 +228,15 @@ def test_generate_with_dflash_from_the_command_line(cli_run, tmp_path):
     common = ("generate", "abcab", "--model", target_dir, "--max-tokens", "12", "--json")
     code, plain, err = cli_run(*common, "--no-draft")
     assert code == 0, err
-    for extra in ((), ("--tree-topk", "2", "--tree-nodes", "6"), ("-k", "3", "--temp", "0.7", "--seed", "1")):
+    # Each with its k: the default, -k auto, may decode plainly where this machine's timings say drafting cannot pay
+    # (test_k_auto_with_dflash_is_exact_and_states_how_it_drafted covers it).
+    chain, tree = ("-k", "4"), ("-k", "4", "--tree-topk", "2", "--tree-nodes", "6")
+    for extra in (chain, tree, ("-k", "3", "--temp", "0.7", "--seed", "1")):
         code, out, err = cli_run(*common, "--dflash", drafter_dir, *extra)
         assert code == 0, err
         result = json.loads(out)
         assert result["mode"].startswith("dflash") and result["stats"]["drafted"] > 0
-        if not extra or extra[0] == "--tree-topk":
+        if extra in (chain, tree):
             assert result["tokens"] == json.loads(plain)["tokens"]
     assert_one_line(cli_run(*common, "--dflash", tmp_path / "nowhere"), "is not a DFlash directory")
     bench = ("bench", "--model", target_dir, "--dflash", drafter_dir, "--modes", "plain,dflash", "-k", "2")
