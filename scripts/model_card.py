@@ -63,7 +63,7 @@ def main() -> None:
             f"{last.get('minutes', 0):.0f} min | {m[name]['heldout_loss']:.3f} nats/token |"
         )
     out.append(
-        f"| `target-4bit/` | the target, 4-bit (group 64) by `mlx_lm.convert -q` | same | "
+        f"| `target-4bit/` | the target, 4-bit (group 64) by `mlx_lm.convert -q`, bf16 scales | same | "
         f"{sizes['target-4bit']:.1f} MiB | - | - | {m['target-4bit']['heldout_loss']:.3f} nats/token "
         f"(every 6th window, {m['target-4bit']['scored_tokens']:,} tokens) |"
     )
