@@ -94,10 +94,25 @@ def free_port_pair() -> int:
                 continue
 
 
+def json_objects(text: str) -> list[dict]:
+    """Every JSON object in the ranks' shared stdout: mlx.launch relays both ranks into one pipe, so one rank's line
+    can land on the same line as the other's."""
+    decoder, found, at = json.JSONDecoder(), [], text.find("{")
+    while at != -1:
+        try:
+            item, end = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:  # a brace in other output: not an object
+            at = text.find("{", at + 1)
+            continue
+        if isinstance(item, dict):
+            found.append(item)
+        at = text.find("{", end)
+    return found
+
+
 def rank_lines(run: subprocess.CompletedProcess) -> list[dict]:
     assert run.returncode == 0, run.stderr[-2000:]
-    lines = (json.loads(line) for line in run.stdout.splitlines() if line.startswith("{"))
-    ranks = sorted(lines, key=lambda r: r["rank"])
+    ranks = sorted(json_objects(run.stdout), key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == [0, 1]
     return ranks
 
