@@ -6,6 +6,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "sampling_ops.h"
+#include "verify_attention.h"
 #include "verify_matmul.h"
 
 namespace nb = nanobind;
@@ -16,7 +17,7 @@ using namespace nb::literals;
 #endif
 
 NB_MODULE(_verify_kernel, m) {
-  m.doc() = "mlxspec's verify kernel: 1..32-row matmuls reading weights once, and sampling row ops.";
+  m.doc() = "mlxspec's verify kernel: 1..32-row matmuls reading weights once, row-equivalent attention, and sampling row ops.";
   m.attr("built_with_mlx") = MLXSPEC_BUILT_WITH_MLX;
 
   m.def("verify_matmul", &mlxspec::verify_matmul, "x"_a, "w"_a, nb::kw_only(), "stream"_a = nb::none(),
@@ -24,6 +25,9 @@ NB_MODULE(_verify_kernel, m) {
   m.def("verify_qmatmul", &mlxspec::verify_qmatmul, "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
         nb::kw_only(), "stream"_a = nb::none(),
         "x @ dequantize(w).T for mlx-lm's affine 4- and 8-bit weights (transpose=True layout).");
+  m.def("verify_attention", &mlxspec::verify_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a = nb::none(),
+        "causal"_a = false, nb::kw_only(), "stream"_a = nb::none(),
+        "Attention for a step's few query rows, each row's output independent of the row count and masked keys.");
   m.def("row_logsumexp", &mlxspec::row_logsumexp, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "log(sum(exp(x))) of each float32 row [N, V] -> [N].");
   m.def("top_candidates", &mlxspec::top_candidates, "x"_a, "count"_a, nb::kw_only(), "stream"_a = nb::none(),

@@ -2,7 +2,8 @@
 
 For float32, bfloat16 and 4-/8-bit (group 64) copies of the embedded target widened to LAYERSxWIDTH, times one
 target forward over n = 1, 2, 4, 8, 16, 24, 32, 33 tokens at context 256 (median of 7, costs._time_forward) with MLX's
-matmuls and with the kernel routed in (verify_kernel.routed), and prints ms and v(n) = cost(n) / cost(1).
+matmuls, with the kernel's matmuls (attention left to MLX), and with the kernel's matmuls and attention
+(verify_kernel.routed_view), and prints ms and v(n) = cost(n) / cost(1).
 
     python scripts/bench_verify_kernel.py [--widen 24x768] [--formats f32,bf16,q4,q8]
 """
@@ -47,8 +48,8 @@ def main() -> None:
     for fmt in args.formats.split(","):
         model, _ = widen(source.model, source.config, WidenSpec.parse(args.widen))
         model = converted(model, fmt)
-        for name, use in (("mlx", None), ("kernel", backend)):
-            view = verify_kernel.routed_view(model, use)
+        for name, use, attention in (("mlx", None, False), ("kernel", backend, False), ("+attn", backend, True)):
+            view = verify_kernel.routed_view(model, use, attention)
             costs = [_time_forward(view, n, 256, 7) for n in SIZES]
             ratios = "/".join(f"{c / costs[0]:.2f}" for c in costs[1:])
             print(f"{fmt:7s} {name:7s} " + " ".join(f"{1e3 * c:9.1f}" for c in costs) + f"   {ratios}")

@@ -123,6 +123,7 @@ class LookupThenModelDrafter(Drafter):
     def __init__(self, lookup: PromptLookupDrafter, model: Drafter, min_match: int = 2):
         self.lookup, self.model, self.min_match = lookup, model, min_match
         self.uses_target_hidden = model.uses_target_hidden
+        self.target_taps = model.target_taps  # a tapping drafter behind lookup still needs its taps
         self.max_nodes = model.max_nodes
         self._used: Drafter | None = None
 

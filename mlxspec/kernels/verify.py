@@ -1,5 +1,6 @@
 """The verify kernel: a matmul for 1..32 rows that reads each weight once for all of them (csrc/), and the
-routed view of a target that sends its Linear, QuantizedLinear and tied-embedding LM head through it.
+routed view of a target that sends its Linear, QuantizedLinear and tied-embedding LM head through it, and its
+attention through the kernel's row-equivalent attention (kernels/attention.py).
 
 Why: MLX's CPU matmul packs the whole weight matrix on every small-M call, so verifying K+1 tokens costs far more
 than one token. The kernel makes a row's result independent of how many rows came with it, so speculative output
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.errors import UserError
+from mlxspec.kernels.attention import KernelAttention, kernel_attention, routed_class
 from mlxspec.options import KERNEL_CHOICES
 
 MAX_ROWS = 32  # more rows than this (prefill, the biggest trees) go to MLX's own matmul
@@ -36,6 +38,11 @@ class VerifyBackend(Protocol):
     ) -> mx.array:
         """x @ dequantize(w).T for mlx-lm's affine quantization (transpose=True layout)."""
 
+    def attention(
+        self, q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None, causal: bool
+    ) -> mx.array:
+        """Row-equivalent attention: q [B, Hq, L, D], k/v [B, Hkv, S, D] float32; mask bool/float [B|1, Hq|1, L, S]."""
+
 
 class CPUExtension:
     """The C++ extension (mlxspec._verify_kernel): runs on the CPU stream."""
@@ -51,6 +58,9 @@ class CPUExtension:
 
     def qmatmul(self, x, w, scales, biases, group_size: int, bits: int) -> mx.array:
         return self.module.verify_qmatmul(x, w, scales, biases, group_size, bits, stream=mx.cpu)
+
+    def attention(self, q, k, v, scale: float, mask, causal: bool) -> mx.array:
+        return self.module.verify_attention(q, k, v, scale, mask, causal, stream=mx.cpu)
 
     def logsumexp(self, x: mx.array) -> mx.array:
         """[N, V] float32 -> [N, 1]."""
@@ -71,6 +81,8 @@ def cpu_backend() -> tuple[CPUExtension | None, str]:
         return None, "not built (no C++ compiler or CMake at install time); reinstall mlxspec where they are"
     if module.built_with_mlx != mx.__version__:
         return None, f"built for MLX {module.built_with_mlx}, running MLX {mx.__version__}; reinstall mlxspec"
+    if not hasattr(module, "verify_attention"):
+        return None, "built by an older mlxspec (no attention kernel); reinstall mlxspec"
     backend = CPUExtension(module)
     try:
         x, w = mx.arange(6, dtype=mx.float32).reshape(2, 3), mx.arange(12, dtype=mx.float32).reshape(4, 3)
@@ -202,41 +214,53 @@ def route_layer(layer: nn.Module, backend: VerifyBackend) -> nn.Module:
 
 
 def count_routed(model: nn.Module) -> int:
+    """Layers of `model` that call the kernel: routed leaves and attention modules."""
     routed_types = tuple(cls for cls, _ in ROUTES.values())
-    return sum(isinstance(layer, routed_types) for _, layer in model.named_modules())
+    return sum(
+        isinstance(layer, routed_types) or getattr(layer, "routed_attention", False)
+        for _, layer in model.named_modules()
+    )
 
 
-VIEWS_KEY = "_mlxspec_routed_views"  # in a model's __dict__ (not its parameters): backend name -> its routed view
+VIEWS_KEY = "_mlxspec_routed_views"  # in a model's __dict__ (not its parameters): (backend, attention) -> its view
 
 
-def routed_view(model: nn.Module, backend: VerifyBackend | None) -> nn.Module:
-    """`model` with its supported Linear/QuantizedLinear/Embedding leaves calling `backend`, built once per model
-    and backend and kept: a second module tree sharing every array (no copy). The model itself is never changed,
-    so mlx-lm's own generate on it, or a stream with the kernel off, never sees the kernel. None: `model` itself."""
+def routed_view(model: nn.Module, backend: VerifyBackend | None, attention: bool = True) -> nn.Module:
+    """`model` with its supported Linear/QuantizedLinear/Embedding leaves, and (unless attention=False, for
+    benchmarks) its attention, calling `backend`, built once per model and backend and kept: a second module tree
+    sharing every array (no copy). The model itself is never changed, so mlx-lm's own generate on it, or a stream
+    with the kernel off, never sees the kernel. None: `model` itself."""
     if backend is None:
         return model
     views = model.__dict__.setdefault(VIEWS_KEY, {})
-    if backend.name not in views:
-        views[backend.name] = _view(model, backend, {})
-    return views[backend.name]
+    key = (backend.name, attention)
+    if key not in views:
+        views[key] = _view(model, _Routing(backend, kernel_attention(backend, MAX_ROWS) if attention else None), {})
+    return views[key]
 
 
-def _view(value: Any, backend: VerifyBackend, memo: dict[int, Any]) -> Any:
-    """A copy of the module tree under `value` with routed leaves; arrays and plain attributes shared, and a module
-    reached twice (a tied or aliased layer) copied once."""
+class _Routing(NamedTuple):
+    backend: VerifyBackend
+    attention: KernelAttention | None
+
+
+def _view(value: Any, routing: _Routing, memo: dict[int, Any]) -> Any:
+    """A copy of the module tree under `value` with routed leaves and attention; arrays and plain attributes shared,
+    and a module reached twice (a tied or aliased layer) copied once."""
     if id(value) in memo:
         return memo[id(value)]
     if isinstance(value, nn.Module):
-        routed = route_layer(value, backend)
+        routed = route_layer(value, routing.backend)
         if routed is value:
-            routed = value.__class__.__new__(value.__class__)
+            cls = value.__class__ if routing.attention is None else routed_class(value.__class__, routing.attention)
+            routed = cls.__new__(cls)
             routed.__dict__.update({k: v for k, v in value.__dict__.items() if k != VIEWS_KEY})
             memo[id(value)] = routed
-            dict.update(routed, {key: _view(item, backend, memo) for key, item in value.items()})
+            dict.update(routed, {key: _view(item, routing, memo) for key, item in value.items()})
         memo[id(value)] = routed
         return routed
     if isinstance(value, (list, tuple)):
-        return type(value)(_view(item, backend, memo) for item in value)
+        return type(value)(_view(item, routing, memo) for item in value)
     if isinstance(value, dict):
-        return {key: _view(item, backend, memo) for key, item in value.items()}
+        return {key: _view(item, routing, memo) for key, item in value.items()}
     return value  # arrays and everything else: shared
