@@ -74,7 +74,8 @@ def load(
     lookup drafts instead (free, and skipped where it cannot pay). draft=None: no drafter unless options ask.
     `options` are the default DecodeOptions of every call; num_draft, kv_bits and draft_window, where given, replace
     theirs (None keeps what `options` say; without `options`, num_draft is "auto"). eagle: a directory written
-    by `train-heads --kind eagle`; mtp: True for the native MTP head in the model's own files, or a directory or
+    by `train-heads --kind eagle`, or a published EAGLE-3 head (SafeAILab's or vLLM speculators' format; a directory
+    or Hugging Face repo); mtp: True for the native MTP head in the model's own files, or a directory or
     repo of the original checkpoint that holds it; the head keeps the checkpoint's precision unless mtp_bits (4 or
     8) quantizes it, which costs acceptance (MTPLX measured MoE acceptance fall from ~80% to 5-11% at 4 bits).
     dflash: a DFlash block drafter's directory or Hugging Face repo (z-lab's, or one written by `train-heads --kind
@@ -122,9 +123,9 @@ def load(
         heads = load_medusa(medusa, target.path)
     feature_head = None
     if eagle is not None:
-        from mlxspec.drafting.feature_head import load_head
+        from mlxspec.drafting.eagle3_files import load_eagle_head
 
-        feature_head = load_head(eagle, target.path)
+        feature_head = load_eagle_head(eagle, target)
     elif mtp not in (None, False):
         from mlxspec.drafting.mtp_weights import load_mtp_head
 

@@ -10,8 +10,9 @@ def mode_name(
 ) -> str:
     """The one name of a decoding mode, in stats.mode, `-v`, `--json`, the server's usage, chat and bench's rows.
 
-    `drafter` is the flag that chose it ("plain", "draft", "lookup", "medusa", "eagle", "mtp", or "lookup+draft"
-    for lookup backed by another drafter); a tree adds its shape. No spaces, so a key=value line splits on them.
+    `drafter` is the flag that chose it ("plain", "draft", "lookup", "medusa", "eagle", "eagle3", "mtp", "dflash",
+    or "lookup+draft" for lookup backed by another drafter); a tree adds its shape. No spaces, so a key=value line
+    splits on them.
     """
     if lookup_candidates > 1:
         return f"{drafter}-tree-{lookup_candidates}"

@@ -36,7 +36,7 @@ def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
     inner = getattr(drafter, "model", None) if hasattr(drafter, "lookup") else None  # lookup backed by a drafter
     alone = inner or drafter
     if isinstance(alone, FeatureDrafter):
-        kind = "eagle" if alone.wired.head.config.kind == "eagle" else "mtp"
+        kind = alone.wired.head.config.kind if alone.wired.head.config.kind in ("eagle", "eagle3") else "mtp"
     else:
         names = {
             DraftModelDrafter: "draft",

@@ -79,7 +79,11 @@ MODEL_OPTIONS = [
     ),
     click.option("--medusa", "medusa_path", default=None, help="Draft with Medusa heads (a train-medusa directory)."),
     click.option(
-        "--eagle", "eagle_path", default=None, help="Draft with an EAGLE head (a train-heads --kind eagle directory)."
+        "--eagle",
+        "eagle_path",
+        default=None,
+        help="Draft with an EAGLE head: a train-heads --kind eagle directory, or an EAGLE-3 head (SafeAILab or "
+        "vLLM speculators format; a directory or Hugging Face repo).",
     ),
     click.option(
         "--mtp",

@@ -41,10 +41,9 @@ def make_drafter(
         )
     elif options.use_draft and feature_head is not None:
         from mlxspec.drafting.feature_drafter import FeatureDrafter
-        from mlxspec.drafting.feature_head import HeadOnTarget
 
         model_drafter = FeatureDrafter(
-            HeadOnTarget(feature_head, target_model),
+            feature_head.on_target(target_model),
             sampling,
             beam=options.tree_topk,
             max_nodes=max_nodes,

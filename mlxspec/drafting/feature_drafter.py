@@ -32,7 +32,8 @@ class FeatureDrafter(Drafter):
     uses_target_hidden = True
 
     def __init__(self, wired: HeadOnTarget, sampling: SamplingConfig, beam: int = 1, max_nodes: int = 0):
-        self.wired = wired
+        self.wired = wired  # HeadOnTarget (EAGLE, MTP) or eagle3_model.Eagle3OnTarget: the same step()
+        self.target_taps = wired.target_taps
         self.sampling = sampling
         self.beam = beam  # > 1: an EAGLE-2 dynamic tree expanding this many nodes per depth
         self.max_nodes = max_nodes if beam > 1 else 0

@@ -70,6 +70,9 @@ class FeatureHead(nn.Module):
         if config.own_norm:
             self.norm = nn.RMSNorm(dims, eps=eps)
 
+    def on_target(self, target: nn.Module) -> HeadOnTarget:
+        return HeadOnTarget(self, target)
+
     def __call__(self, embeds: mx.array, features: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         """embeds, features [B, L, D] (x_{t+1} and f_t) -> the block's output [B, L, D] (predicts f_{t+1})."""
         if self.config.input_norms:
@@ -80,6 +83,8 @@ class FeatureHead(nn.Module):
 
 class HeadOnTarget:
     """A feature head wired to its target: the target's embedding, final norm and LM head, shared."""
+
+    target_taps: tuple[int, ...] = ()  # it reads the target's final hidden states
 
     def __init__(self, head: FeatureHead, target: nn.Module):
         self.head = head
