@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,17 @@ from mlxspec.options import DecodeOptions
 from mlxspec.results import GenerationResult
 from mlxspec.speculator import Speculator, describe_drafter
 
-__all__ = ["SlowBLASWarning", "Speculator", "describe_drafter", "generate", "load", "warn_if_slow_blas"]
+__all__ = [
+    "Drafters",
+    "SlowBLASWarning",
+    "Speculator",
+    "describe_drafter",
+    "generate",
+    "load",
+    "load_drafters",
+    "speculator_with",
+    "warn_if_slow_blas",
+]
 
 
 class SlowBLASWarning(RuntimeWarning):
@@ -70,8 +81,11 @@ def load(
 ) -> Speculator:
     """Load a target and a drafter once.
 
-    draft="auto": the embedded draft with the embedded target; with any other target no draft model, and prompt
-    lookup drafts instead (free, and skipped where it cannot pay). draft=None: no drafter unless options ask.
+    draft="auto": the embedded draft with the embedded target; with any other target the best drafter the local
+    Hugging Face cache holds for it (a DFlash, EAGLE-3 or EAGLE head made for it, its own MTP head, a smaller model
+    with its tokenizer; drafting/discovery.py, nothing downloaded), else prompt lookup (free, and skipped where it
+    cannot pay); `Speculator.drafter_choice` says what was picked and why. draft=None: no drafter unless options
+    ask.
     `options` are the default DecodeOptions of every call; num_draft, kv_bits and draft_window, where given, replace
     theirs (None keeps what `options` say; without `options`, num_draft is "auto"). eagle: a directory written
     by `train-heads --kind eagle`, or a published EAGLE-3 head (SafeAILab's or vLLM speculators' format; a directory
@@ -111,41 +125,110 @@ def load(
             options = options.updated(num_draft=4)
     shard = sharding.shard if sharding else None
     target = load_model(DEFAULT_TARGET if model is None else model, quantize_bits=quantize_target, shard=shard)
+    choice = None
     if draft == "auto":
         draft = DEFAULT_DRAFT if model is None and not heads_given else None
+        if model is not None and not heads_given and sharding is None:
+            choice = _auto_drafter(target, str(model), draft_bits)
+            if choice.chosen is not None:
+                return _speculator(target, choice, options, prompt_cache, sharding)
         if draft is None and not heads_given and not options.lookup:
             options = options.updated(lookup=True)
-    draft_model = load_model(draft, quantize_bits=draft_bits) if draft is not None else None
-    heads = None
-    if medusa is not None:
-        from mlxspec.drafting.medusa import load_medusa
+    drafters = load_drafters(target, draft, draft_bits, medusa, eagle, mtp, mtp_bits, dflash)
+    return _speculator(target, choice, options, prompt_cache, sharding, drafters=drafters)
 
-        heads = load_medusa(medusa, target.path)
-    feature_head = None
+
+def load_drafters(
+    target, draft=None, draft_bits=None, medusa=None, eagle=None, mtp=None, mtp_bits=None, dflash=None
+) -> Drafters:
+    """The drafter named (at most one) for an already loaded target: `mlxspec tune` builds one Speculator per
+    drafter around one target this way."""
+    return Drafters(
+        draft=load_model(draft, quantize_bits=draft_bits) if draft is not None else None,
+        medusa=_load_medusa(medusa, target) if medusa is not None else None,
+        feature_head=_load_feature_head(eagle, mtp, mtp_bits, target),
+        dflash=_load_dflash(dflash, target) if dflash is not None else None,
+    )
+
+
+@dataclass
+class Drafters:
+    """The drafter objects one Speculator is built with (at most one is set)."""
+
+    draft: Any = None
+    medusa: Any = None
+    feature_head: Any = None
+    dflash: Any = None
+
+
+def _load_medusa(source, target):
+    from mlxspec.drafting.medusa import load_medusa
+
+    return load_medusa(source, target.path)
+
+
+def _load_feature_head(eagle, mtp, mtp_bits, target):
     if eagle is not None:
         from mlxspec.drafting.eagle3_files import load_eagle_head
 
-        feature_head = load_eagle_head(eagle, target)
-    elif mtp not in (None, False):
+        return load_eagle_head(eagle, target)
+    if mtp not in (None, False):
         from mlxspec.drafting.mtp_weights import load_mtp_head
 
         # In the checkpoint's own precision unless asked: a quantized head drafts faster but is accepted far less.
-        feature_head = load_mtp_head(target, None if mtp is True else mtp, bits=mtp_bits)
-    block_drafter = None
-    if dflash is not None:
-        from mlxspec.drafting.dflash_files import load_dflash
+        return load_mtp_head(target, None if mtp is True else mtp, bits=mtp_bits)
+    return None
 
-        block_drafter = load_dflash(dflash, target)
+
+def _load_dflash(source, target):
+    from mlxspec.drafting.dflash_files import load_dflash
+
+    return load_dflash(source, target)
+
+
+def _auto_drafter(target, name: str, draft_bits: int | None):
+    """--draft auto for a target of the user's own: the best drafter the local Hugging Face cache holds for it
+    (discovery.py), loaded; a choice that fails to load is passed over, down to prompt lookup."""
+    from mlxspec.drafting.discovery import AutoChoice, find_drafters
+
+    candidates = find_drafters(target.path, name)
+    skipped = []
+    for candidate in (c for c in candidates if c.matches):
+        try:
+            drafters = Drafters()
+            if candidate.kind == "dflash":
+                drafters.dflash = _load_dflash(candidate.path, target)
+            elif candidate.kind in ("eagle", "eagle3"):
+                drafters.feature_head = _load_feature_head(candidate.path, None, None, target)
+            elif candidate.kind == "mtp":
+                source = True if candidate.path == target.path else candidate.path
+                drafters.feature_head = _load_feature_head(None, source, None, target)
+            else:
+                drafters.draft = load_model(candidate.path, quantize_bits=draft_bits)
+            return AutoChoice(candidate, candidates, skipped, drafters)
+        except UserError as error:  # a partial download, a format we refuse: say so and try the next
+            skipped.append(f"{candidate.source}: {str(error).split(';')[0]}")
+    return AutoChoice(None, candidates, skipped, None)
+
+
+def speculator_with(target, drafters: Drafters, options: DecodeOptions | None = None) -> Speculator:
+    """A Speculator around an already loaded target and drafters (sharing the target's weights and views)."""
+    return _speculator(target, None, (options or DecodeOptions()).validate(), 0, None, drafters=drafters)
+
+
+def _speculator(target, choice, options, prompt_cache, sharding, drafters=None) -> Speculator:
+    drafters = drafters or choice.drafters
     warn_if_slow_blas()
     return Speculator(
         target,
-        draft_model,
-        medusa=heads,
+        drafters.draft,
+        medusa=drafters.medusa,
         options=options,
-        feature_head=feature_head,
+        feature_head=drafters.feature_head,
         prompt_cache=prompt_cache,
         sharding=sharding,
-        dflash=block_drafter,
+        dflash=drafters.dflash,
+        drafter_choice=choice.to_dict() if choice is not None else None,
     )
 
 

@@ -70,6 +70,7 @@ class Speculator:
         prompt_cache: int = 0,
         sharding=None,
         dflash=None,
+        drafter_choice: dict | None = None,
     ):
         if draft is not None:
             check_compatible(target, draft)
@@ -103,6 +104,7 @@ class Speculator:
         # caches alone: another stream started meanwhile takes another entry or starts cold.
         self.prompt_cache = PromptCache(prompt_cache) if prompt_cache else None
         self.sharding = sharding  # distributed.Sharding: the target split across ranks, or None
+        self.drafter_choice = drafter_choice  # what --draft auto picked from the cache and why (discovery.py)
 
     @property
     def reports(self) -> bool:

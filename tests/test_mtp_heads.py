@@ -217,3 +217,51 @@ def test_an_mtp_head_keeps_its_precision_unless_asked_and_mtp_bits_needs_a_head(
     assert code == 2 and "--mtp-bits 4 quantizes an MTP head, and this run has none; pass --mtp too" in err
     with pytest.raises(mlxspec.UserError, match="mtp_bits 8 quantizes an MTP head"):
         mlxspec.load(tiny_dirs["target"], mtp_bits=8)
+
+
+def split_sidecar(checkpoint: dict, directory, target_config: dict, quantize: bool = False) -> None:
+    """What mlx-vlm's `split_mtp` writes for a Qwen3.5 target (qwen3_5_mtp/split.py): config.json with model_type
+    qwen3_5_mtp and the text_config; model.safetensors without the `mtp.` prefix, norms shifted to MLX's (1 + w),
+    and, with quantize, its matrices affine-quantized with a `quantization` entry."""
+    shifted = ("norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")  # split.py's suffixes
+    tensors = {}
+    for name, value in checkpoint.items():
+        key = name.removeprefix("mtp.")
+        tensors[key] = value + 1.0 if value.ndim == 1 and key.endswith(shifted) else value
+    config = {"model_type": "qwen3_5_mtp", "text_config": target_config, "block_size": 3}
+    if quantize:
+        for key in [k for k, v in tensors.items() if v.ndim == 2 and v.shape[-1] % 32 == 0]:
+            w, scales, biases = mx.quantize(tensors.pop(key), group_size=32, bits=8)
+            stem = key.removesuffix(".weight")
+            tensors |= {f"{stem}.weight": w, f"{stem}.scales": scales, f"{stem}.biases": biases}
+        config["quantization"] = {"group_size": 32, "bits": 8, "mode": "affine"}
+    directory.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(directory / "model.safetensors"), tensors, metadata={"format": "mlx"})
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_an_mtp_sidecar_loads_as_the_head_in_the_checkpoint_does_and_drafts_exactly(tmp_path):
+    """mlx-community conversions strip mtp.*; mlx-vlm splits the head into its own qwen3_5_mtp checkpoint. That
+    sidecar loads into the same head as the original checkpoint's tensors (quantized too), and drafts exactly; a
+    sidecar split from another model is refused by name."""
+    target = tiny_target("qwen3_5", tmp_path)
+    _, checkpoint = write_checkpoint("qwen3_5", target.model, tmp_path / "original", moe=False)
+    from_original = load_mtp_head(target, tmp_path / "original")
+    split_sidecar(checkpoint, tmp_path / "sidecar", text_config(target.config))
+    from_sidecar = load_mtp_head(target, tmp_path / "sidecar")
+    want, got = dict(tree_flatten(from_original.parameters())), dict(tree_flatten(from_sidecar.parameters()))
+    assert want.keys() == got.keys() and all(mx.array_equal(want[k], got[k]).item() for k in want)
+    split_sidecar(checkpoint, tmp_path / "sidecar-q8", text_config(target.config), quantize=True)
+    quantized = load_mtp_head(target, tmp_path / "sidecar-q8")
+    assert "fc.scales" in dict(tree_flatten(quantized.parameters()))  # it keeps the precision it was split in
+    prompt = [1, 2, 3, 4, 5, 6]
+    for head in (from_sidecar, quantized):
+        totals = {}
+        drafter = FeatureDrafter(HeadOnTarget(head, target.model), SamplingConfig())
+        got = speculative_tokens(target.model, None, prompt, 16, num_draft=3, drafter=drafter, totals=totals)
+        assert_greedy_equal(target.model, prompt, got, mlx_lm_greedy(target.model, prompt, 16))
+        assert totals["drafted"] > 0
+    hidden = text_config(target.config)["hidden_size"]
+    split_sidecar(checkpoint, tmp_path / "other", {**text_config(target.config), "hidden_size": 2 * hidden})
+    with pytest.raises(UserError, match=f"split from a model with hidden_size={2 * hidden}"):
+        load_mtp_head(target, tmp_path / "other")

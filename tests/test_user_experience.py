@@ -5,7 +5,7 @@ import shutil
 import warnings
 
 import mlxspec.api as api
-from mlxspec.cli.generate import cached_drafts_with_tokenizer
+from mlxspec.drafting.discovery import find_drafters
 from mlxspec.progress import Progress
 
 
@@ -37,14 +37,16 @@ def test_the_api_warns_about_reference_blas_once(monkeypatch):
     assert [w.category for w in caught] == [api.SlowBLASWarning]
 
 
-def test_cached_models_that_share_the_tokenizer_are_suggested_as_drafts(tmp_path, monkeypatch, tiny_dirs):
-    import huggingface_hub.constants
-
+def test_cached_models_that_share_the_tokenizer_are_found_as_drafts(tmp_path, monkeypatch, tiny_dirs):
+    """A cached model with the target's tokenizer is a draft candidate; one with another tokenizer is not, and the
+    target is not its own draft (--draft auto picks among them: test_discovery.py)."""
     cache = tmp_path / "hub"
     for repo, source in (("org--same", "target"), ("org--other", "mismatched"), ("org--self", "target")):
         snapshot = cache / f"models--{repo}" / "snapshots" / "0123"
         snapshot.mkdir(parents=True)
-        shutil.copy(tiny_dirs[source] / "tokenizer.json", snapshot / "tokenizer.json")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+        for name in ("tokenizer.json", "config.json"):
+            shutil.copy(tiny_dirs[source] / name, snapshot / name)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     target = cache / "models--org--self" / "snapshots" / "0123"
-    assert cached_drafts_with_tokenizer(target) == ["org/same"]
+    found = {c.source: c.matches for c in find_drafters(target) if c.kind == "draft"}
+    assert found == {"org/same": True, "org/other": False}

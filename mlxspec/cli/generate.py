@@ -3,12 +3,10 @@ budget, load, and print text, JSON or stats."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import click
 
@@ -79,32 +77,31 @@ def options_from(p: dict) -> DecodeOptions:
     )
 
 
-def cached_drafts_with_tokenizer(target: Path, limit: int = 3) -> list[str]:
-    """Hub models in the local cache whose tokenizer.json is byte-identical to the target's: candidate drafts."""
-    own = target / "tokenizer.json"
-    if not own.exists():
-        return []
-    try:
-        from huggingface_hub.constants import HF_HUB_CACHE
-    except ImportError:
-        return []
-    digest = hashlib.sha256(own.read_bytes()).digest()
-    found = []
-    for path in sorted(Path(HF_HUB_CACHE).glob("models--*/snapshots/*/tokenizer.json")):
-        repo = path.parts[-4].removeprefix("models--").replace("--", "/")
-        if path.resolve() == own.resolve() or repo in found or target.resolve() == path.parent.resolve():
-            continue
-        try:
-            if hashlib.sha256(path.read_bytes()).digest() == digest:
-                found.append(repo)
-        except OSError:
-            continue
-    return found[:limit]
-
-
 def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Callable, prompt_cache: int = 0):
     """The Speculator the command-line options ask for (generate, chat and serve; each has refused contradictory
-    flags first, with check_contradictions): plan against --memory-budget for prompt_chars + max_tokens, then load."""
+    flags first, with check_contradictions): a stored tune applied where nothing is set by hand, planned against
+    --memory-budget for prompt_chars + max_tokens, then loaded."""
+    speculator, _, notes = load_tuned_speculator(p, options, prompt_chars, echo, prompt_cache)
+    for note in notes:
+        echo(f"mlxspec: {note}", err=True)
+    return speculator
+
+
+def load_tuned_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Callable, prompt_cache: int = 0):
+    """load_speculator's (Speculator, the tune it follows or None, what chose the drafter). The notes are printed
+    once generation starts, so a prompt refused after loading still gets its one line alone."""
+    from mlxspec.cli.tune import apply_tuned
+
+    p, options, tuned, line = apply_tuned(p, options, bool(drafters_given(p)))
+    speculator = _load(p, options, prompt_chars, echo, prompt_cache)
+    notes = [line] if line else []
+    choice = speculator.drafter_choice if speculator.reports else None
+    if choice is not None and choice["chosen"] is not None:  # nothing fits: lookup, as before, said in --json only
+        notes.append(f"{choice['line']}; `mlxspec drafters` lists what was considered")
+    return speculator, tuned, notes
+
+
+def _load(p: dict, options: DecodeOptions, prompt_chars: int, echo: Callable, prompt_cache: int):
     from mlxspec.api import SlowBLASWarning, load
     from mlxspec.cli.options import MTP_IN_MODEL
     from mlxspec.kernels.verify import KernelMissingWarning
@@ -153,15 +150,6 @@ def load_speculator(p: dict, options: DecodeOptions, prompt_chars: int, echo: Ca
         distributed=p.get("distributed"),
         **settings,
     )
-    lookup_by_default = model is not None and draft is None and not p["no_draft"] and not heads and not p["lookup"]
-    if speculator.reports and lookup_by_default:
-        candidates = cached_drafts_with_tokenizer(speculator.target.path)
-        if candidates:
-            echo(
-                "mlxspec: no --draft given, so prompt lookup drafts; cached models with this tokenizer that could "
-                f"serve as --draft: {', '.join(candidates)}",
-                err=True,
-            )
     return speculator
 
 
@@ -172,12 +160,16 @@ def quiet(*args, **kwargs) -> None:
 def run_generate(prompt: str, p: dict, echo: Callable) -> None:
     check_contradictions(p)
     options = options_from(p).validate()
-    speculator = load_speculator(p, options, len(prompt), echo)
+    speculator, tuned, notes = load_tuned_speculator(p, options, len(prompt), echo)
     if not speculator.reports:
-        echo = quiet
+        echo, notes = quiet, []
+    if p.get("check_exact"):
+        check_exact(speculator, echo)
     if p["as_json"]:
         result = speculator.generate(prompt)
         stats = result.stats
+        for note in notes:
+            echo(f"mlxspec: {note}", err=True)
         echo(
             json.dumps(
                 {
@@ -189,6 +181,7 @@ def run_generate(prompt: str, p: dict, echo: Callable) -> None:
                     "num_draft": stats.num_draft,
                     "model": str(speculator.target.path),
                     "draft": str(speculator.draft.path) if speculator.draft is not None else None,
+                    "drafter_choice": speculator.drafter_choice,
                     "stats": stats.to_dict(),
                 }
             )
@@ -197,11 +190,31 @@ def run_generate(prompt: str, p: dict, echo: Callable) -> None:
     else:
         for number, chunk in enumerate(speculator.stream(prompt)):
             if number == 0:  # said before the text, not after it on a terminal
+                for note in notes:
+                    echo(f"mlxspec: {note}", err=True)
                 report_truncation(speculator.last_stats, echo)
             echo(chunk.text, nl=False)
         echo()
         stats = speculator.last_stats
     report(stats, p["verbose"], echo)
+    if tuned is not None and stats.generation_seconds > 0:
+        from mlxspec.bench.tune import drop_if_slower
+
+        note = drop_if_slower(
+            tuned["key"], tuned["regime"], stats.generated_tokens, stats.generated_tokens / stats.generation_seconds
+        )
+        if note:
+            echo(f"mlxspec: {note}", err=True)
+
+
+def check_exact(speculator, echo: Callable) -> None:
+    """--check-exact: the exactness probe first; a difference that is no near-tie stops the run (exit 1)."""
+    from mlxspec.bench.exactness import probe
+
+    result = probe(speculator)
+    echo(f"mlxspec: {result.line}", err=True)
+    if result.verdict == "mismatch":
+        sys.exit(1)
 
 
 def report_truncation(stats, echo: Callable) -> None:
@@ -256,6 +269,12 @@ def read_prompt(prompt: str) -> tuple[str, str | None]:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with tokens, text and stats.")
 @click.option("-v", "--verbose", is_flag=True, help="Print what drafted and a stats line to stderr.")
+@click.option(
+    "--check-exact",
+    is_flag=True,
+    help="First compare greedy speculative output with plain decoding on this machine (a near-tie is reported with "
+    "its logit gap; any other difference stops the run).",
+)
 def generate(prompt: str, **params) -> None:
     """Continue PROMPT ('-' reads stdin), streaming text as the target accepts it."""
     text, note = read_prompt(prompt)

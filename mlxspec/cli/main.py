@@ -27,6 +27,8 @@ COMMANDS = {
     "chat": ("mlxspec.cli.serve", "chat", "Talk to the model in the terminal (one conversation, prompt cache on)."),
     "serve": ("mlxspec.cli.serve", "serve", "An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/...)."),
     "plan": ("mlxspec.cli.plan", "plan", "Will a target and its drafter fit this device? Imports no MLX."),
+    "drafters": ("mlxspec.cli.drafters", "drafters", "Drafters in the local Hugging Face cache that fit a target."),
+    "tune": ("mlxspec.cli.tune", "tune", "Measure every drafter on this machine; generate uses the fastest."),
     "bench": ("mlxspec.cli.bench", "bench", "Speed and acceptance of every drafting mode on held-out prompts."),
     "train-heads": ("mlxspec.cli.train", "train_heads", "Train an EAGLE feature head by self-distillation."),
     "train-medusa": ("mlxspec.cli.train", "train_medusa", "Train Medusa heads by self-distillation."),

@@ -33,6 +33,7 @@ MODEL_OPTIONS = [
         "with any other target].",
     ),
     click.option("--no-draft", is_flag=True, help="Plain decoding through the same code (no drafter at all)."),
+    click.option("--no-tune", is_flag=True, help="Ignore what `mlxspec tune` stored for this model and machine."),
     click.option(
         "-k",
         "--num-draft",

@@ -114,6 +114,15 @@ def _shards_holding(directory: Path, prefix: str) -> list[Path]:
     ]
 
 
+def holds_mtp_tensors(directory: Path, prefix: str) -> bool:
+    """Whether `directory` holds MTP tensors under `prefix` in files present on disk (metadata only)."""
+    try:
+        shards = _shards_holding(directory, prefix)
+    except (OSError, ValueError, KeyError, struct.error):
+        return False
+    return bool(shards) and all(shard.is_file() for shard in shards)
+
+
 def _fetch_from_hub(repo: str, prefix: str) -> Path:
     """Download only the index and the shards that hold the MTP tensors; returns the local snapshot directory."""
     try:
@@ -185,6 +194,9 @@ def load_mtp_head(target: LoadedModel, source: Path | str | None = None, bits: i
         raise UserError(f"model_type {family!r} has no native MTP head mlxspec can load (it knows {known}); drop --mtp")
     prefix = layout.prefix.format(n=config["num_hidden_layers"])
     where = source if source is not None else target.path
+    sidecar = read_sidecar(Path(where), config, layout) if Path(str(where)).is_dir() else None
+    if sidecar is not None:
+        return _build_head(target, config, family, layout, *sidecar, where=where, bits=bits)
     tensors = read_mtp_tensors(where, prefix)
     if not tensors:
         raise UserError(
@@ -213,6 +225,55 @@ def load_mtp_head(target: LoadedModel, source: Path | str | None = None, bits: i
     if layout.gemma_norms:
         head_weights = {k: v + 1.0 if k != "fc.weight" else v for k, v in head_weights.items()}
         block = {k: v + 1.0 if v.ndim == 1 and k.endswith("norm.weight") else v for k, v in block.items()}
+    return _build_head(target, config, family, layout, head_weights, block, None, where=where, bits=bits)
+
+
+def read_sidecar(directory: Path, config: dict, layout: MTPLayout) -> tuple[dict, dict, dict | None] | None:
+    """An MTP head split out as its own checkpoint (mlx-vlm's `split_mtp` / `convert --mtp`: config.json with
+    model_type "qwen3_5_mtp" and the target's text_config; model.safetensors without the `mtp.` prefix, in MLX's
+    convention: norms already shifted, experts stacked, possibly quantized). (head, block, quantization) or None
+    when `directory` is not one."""
+    raw_path = directory / "config.json"
+    if not raw_path.is_file():
+        return None
+    raw = json.loads(raw_path.read_text())
+    if raw.get("model_type") not in SIDECAR_TYPES:
+        return None
+    if layout is not LAYOUTS["qwen3_next"]:
+        raise UserError(f"'{directory}' is a {raw['model_type']} sidecar, which fits Qwen3.5/3.6 and Qwen3-Next only")
+    own = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
+        if own.get(key) is not None and own.get(key) != config.get(key):
+            raise UserError(
+                f"the MTP sidecar '{directory}' was split from a model with {key}={own.get(key)}, but the target has "
+                f"{config.get(key)}; pass the sidecar made for this model"
+            )
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"the MTP sidecar '{directory}' holds no .safetensors weights")
+    tensors: dict[str, mx.array] = {}
+    for file in files:
+        tensors.update(mx.load(str(file)))
+    roles = {"fc": layout.fc, "enorm": layout.enorm, "hnorm": layout.hnorm, "norm": layout.norm}
+    head = {}
+    for role, name in roles.items():
+        for suffix in (".weight", ".scales", ".biases"):
+            if name + suffix in tensors:
+                head[role + suffix] = tensors.pop(name + suffix)
+    block_prefix = layout.block
+    block = {k[len(block_prefix) :]: v for k, v in tensors.items() if k.startswith(block_prefix)}
+    quantization = raw.get("quantization") if isinstance(raw.get("quantization"), dict) else None
+    return head, block, quantization
+
+
+SIDECAR_TYPES = ("qwen3_5_mtp",)
+
+
+def _build_head(target, config, family, layout, head_weights, block, quantization, where, bits) -> FeatureHead:
+    """The FeatureHead for these weights (MLX's convention), refused by name when they do not fit."""
+    moe = any(".experts." in k or ".switch_mlp." in k for k in block)
+    block_config = _block_config(config, layout, moe)
+    twin = lazy_model(block_config)
     head_config = FeatureHeadConfig(
         block_config=block_config,
         kind=family,
@@ -226,6 +287,14 @@ def load_mtp_head(target: LoadedModel, source: Path | str | None = None, bits: i
     )
     head = FeatureHead(head_config, block=twin.layers[0])
     weights = list(head_weights.items()) + [(f"block.{k}", v) for k, v in block.items()]
+    if quantization:  # a quantized sidecar: its layers take the quantized shape its tensors have
+        names = {name for name, _ in weights}
+        nn.quantize(
+            head,
+            group_size=int(quantization.get("group_size", 64)),
+            bits=int(quantization.get("bits", 4)),
+            class_predicate=lambda path, module: f"{path}.scales" in names,
+        )
     try:
         head.load_weights(weights, strict=True)
     except ValueError as error:
