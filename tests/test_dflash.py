@@ -359,7 +359,7 @@ def test_a_paused_controller_decodes_plainly_where_no_length_pays_and_keeps_prob
     for _ in range(20):
         controller.update(drafted=1, accepted=1)  # the probes are accepted: drafting resumes
     assert controller.next_length() > 1
-    eager = DraftLengthController(curve, 7)  # without pause (draft models, heads): at least one token, as before
+    eager = DraftLengthController(curve, 7)  # without pause: at least one token every step
     for _ in range(20):
         eager.update(drafted=4, accepted=0)
     assert eager.next_length() == 1

@@ -296,3 +296,29 @@ def test_generate_with_an_eagle3_head_from_the_command_line(cli_run, tmp_path):
         assert result["mode"].startswith("eagle3") and result["stats"]["drafted"] > 0
         assert result["tokens"] == json.loads(plain)["tokens"]
     assert_one_line(cli_run(*common, "--eagle", target_dir), "is not an EAGLE head")
+
+
+def test_train_heads_eagle3_writes_a_safeailab_head_that_loads_drafts_exactly_and_resumes(cli_run, tmp_path):
+    """A few steps on a tiny target: the result is SafeAILab's layout (config.json with draft_vocab_size and the
+    tapped layers named, d2t/t2d over the most frequent tokens), loads with --eagle and decodes exactly; a second
+    run on the same --out resumes; a head trained on another base is refused by its fingerprint."""
+    target_dir = save_tiny_model_dir(tmp_path / "target", "llama", seed=1, num_hidden_layers=4)
+    out = tmp_path / "eagle3"
+    train = ("train-heads", "--kind", "eagle3", "--model", target_dir, "--out", out, "--steps", "3", "--seq-len", "80")
+    code, _, err = cli_run(*train, "--distill-sequences", "8", "--batch-size", "2", "--draft-vocab", "6")
+    assert code == 0, err
+    assert "sampled at T=0.7" in err and "held-out greedy acceptance by depth" in err
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["draft_vocab_size"] == 6 and raw["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert len(raw["mlxspec"]["acceptance"]) == 6
+    common = ("generate", "abcab", "--model", target_dir, "--max-tokens", "12", "--json", "-k", "3")
+    code, plain, err = cli_run(*common[:-2], "--no-draft")
+    code, out_json, err = cli_run(*common, "--eagle", out)
+    assert code == 0, err
+    assert json.loads(out_json)["tokens"] == json.loads(plain)["tokens"] and json.loads(out_json)["mode"] == "eagle3"
+    code, _, err = cli_run(
+        *train, "--steps", "4", "--distill-sequences", "8", "--batch-size", "2", "--draft-vocab", "6"
+    )
+    assert code == 0 and "resumed at step 3" in err, err
+    other = save_tiny_model_dir(tmp_path / "other", "llama", seed=2, num_hidden_layers=4)
+    assert_one_line(cli_run("generate", "ab", "--model", other, "--eagle", out), "was trained on base model")

@@ -313,9 +313,10 @@ def build_modes(
         name = mode_name("medusa", depth=heads, tree_topk=2)
         modes[f"mlxspec {name}"] = mlxspec_mode(medusa, num_draft=heads, tree_topk=2)
     if eagle is not None and "eagle" in families:  # an EAGLE head or a native MTP head
-        kind = "eagle" if eagle.feature_head.config.kind == "eagle" else "mtp"
+        kind = eagle.feature_head.config.kind if eagle.feature_head.config.kind in ("eagle", "eagle3") else "mtp"
         for k in ks:
             modes[f"mlxspec {kind} k={k}"] = mlxspec_mode(eagle, num_draft=k)
+        modes[f"mlxspec {kind} k=auto"] = mlxspec_mode(eagle, num_draft="auto")  # what generate runs by default
         for nodes, beam in EAGLE_TREES:
             name = mode_name(kind, tree_topk=beam, tree_nodes=nodes)
             modes[f"mlxspec {name}"] = mlxspec_mode(eagle, num_draft=nodes // beam, tree_topk=beam, tree_nodes=nodes)

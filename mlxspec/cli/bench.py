@@ -213,9 +213,12 @@ def load_contenders(p: dict, max_draft: int) -> tuple:
 
         head = load_mtp_head(original, None if mtp_source == "<model>" else mtp_source)
     elif eagle_path:
-        from mlxspec.drafting.feature_head import load_head
+        from mlxspec.drafting.eagle3_files import load_eagle_head
+        from mlxspec.drafting.eagle3_model import Eagle3Head
 
-        head = load_head(eagle_path, original.path)
+        head = load_eagle_head(eagle_path, original)
+        if widen_spec is not None and isinstance(head, Eagle3Head):
+            raise UserError("an EAGLE-3 head is not widened with the target yet; drop --widen or --eagle")
         if widen_spec is not None:
             from mlxspec.bench.widen import widen_head
 

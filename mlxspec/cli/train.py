@@ -35,7 +35,9 @@ def common_options(function):
 
 
 @click.command("train-heads")
-@click.option("--kind", type=click.Choice(["medusa", "eagle", "dflash"]), required=True, help="Which drafter to train.")
+@click.option(
+    "--kind", type=click.Choice(["medusa", "eagle", "eagle3", "dflash"]), required=True, help="Which drafter to train."
+)
 @common_options
 @data_option("self-distill")
 @click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True, help="Medusa: how many heads.")
@@ -46,13 +48,24 @@ def common_options(function):
 @click.option("--layers", type=click.IntRange(1, 8), default=2, show_default=True, help="DFlash: drafter layers.")
 @click.option("--anchors", type=click.IntRange(min=1), default=32, show_default=True, help="DFlash: blocks a window.")
 @click.option("--gamma", type=click.FloatRange(min=0.1), default=4.0, show_default=True, help="DFlash: row decay.")
+@click.option("--draft-vocab", type=click.IntRange(min=0), default=0, help="EAGLE-3: draft vocabulary [default: V/4].")
+@click.option(
+    "--sampled-share",
+    type=click.FloatRange(0, 1),
+    default=0.5,
+    show_default=True,
+    help="EAGLE-3: share of the self-distilled data sampled at T=0.7 (the rest greedy).",
+)
 def train_heads(kind, **params) -> None:
-    """Train Medusa heads, an EAGLE head or a DFlash block drafter on a frozen target."""
+    """Train Medusa heads, an EAGLE or EAGLE-3 head or a DFlash block drafter on a frozen target."""
     if kind == "medusa":
         _train_medusa(**params)
         return
     if kind == "dflash":
         _train_dflash(**params)
+        return
+    if kind == "eagle3":
+        _train_eagle3(**params)
         return
     from mlxspec.drafting.feature_head import CONFIG_FILE
     from mlxspec.train.eagle import EagleTrainConfig, train_eagle
@@ -96,6 +109,24 @@ def _train_medusa(model, out_dir, steps, batch_size, seq_len, lr, seed, data, he
         shared_lm_head=not full_lm_heads,
     )
     run_training(config, run, model, out_dir, CONFIG_FILE, "Medusa heads")
+
+
+def _train_eagle3(**params) -> None:
+    from mlxspec.train.eagle3 import Eagle3TrainConfig, train_eagle3
+
+    config = Eagle3TrainConfig(
+        steps=params["steps"] or 2000,
+        batch_size=params["batch_size"],
+        seq_len=params["seq_len"],
+        lr=params["lr"],
+        seed=params["seed"],
+        unroll=params["unroll"],
+        data="self-distill",
+        distill_sequences=params["distill_sequences"],
+        draft_vocab=params["draft_vocab"],
+        sampled_share=params["sampled_share"],
+    )
+    run_training(config, train_eagle3, params["model"], params["out_dir"], "config.json", "the EAGLE-3 head")
 
 
 def _train_dflash(**params) -> None:

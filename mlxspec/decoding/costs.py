@@ -148,8 +148,9 @@ PROBE_EVERY = 8  # a paused controller drafts one token every this many steps, t
 class DraftLengthController:
     """Chooses each step's draft length from the running acceptance rate and the measured cost curve.
 
-    pause=True (block drafters, whose one forward per step costs the same whatever k): where no length pays at the
-    running acceptance, decode plainly, drafting one token every PROBE_EVERY steps to keep measuring it."""
+    pause=True (what Speculator uses for every drafter): where no length pays at the running acceptance, decode
+    plainly, drafting one token every PROBE_EVERY steps to keep measuring it. pause=False drafts at least one token
+    every step."""
 
     def __init__(
         self, curve: CostCurve, max_k: int, prior_alpha: float = 0.6, memory: float = 0.9, pause: bool = False

@@ -169,14 +169,16 @@ def distilled_stream(
     cached: Path,
     log: Callable[[str], None],
     label: str,
+    temperature: float = 0.0,
 ) -> np.ndarray:
-    """The target's greedy continuations of `sequences` corpus prompts, cached in `cached` (resumable runs reuse it)."""
+    """The target's continuations (greedy, or sampled at `temperature`) of `sequences` corpus prompts, cached in
+    `cached` (resumable runs reuse it)."""
     if cached.exists():
         return np.load(cached)
     from mlxspec.train.medusa import MedusaTrainConfig
 
     settings = MedusaTrainConfig(seq_len=cfg.seq_len, seed=seed, distill_sequences=sequences)
-    data = self_distilled_stream(target, stream, settings, log, label)
+    data = self_distilled_stream(target, stream, settings, log, label, temperature)
     np.save(cached, data)
     return data
 

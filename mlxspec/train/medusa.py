@@ -131,12 +131,20 @@ def self_distilled_stream(
     cfg: MedusaTrainConfig,
     log: Callable[[str], None],
     label: str = "training data",
+    temperature: float = 0.0,
 ) -> np.ndarray:
-    """The target's own greedy continuations of corpus prompts: what its heads will be asked to predict.
+    """The target's own continuations of corpus prompts (greedy, or sampled at `temperature`): what its heads
+    will be asked to predict.
 
     Generated in batches with mlx-lm's batch_generate, which amortizes the per-call cost many sequences share.
     """
     from mlx_lm.generate import batch_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    sampling = {}
+    if temperature > 0:
+        sampling["sampler"] = make_sampler(temperature)
+        mx.random.seed(cfg.seed + 2)  # sampled data are reproducible too
 
     rng = np.random.default_rng(cfg.seed + 1)
     prompt_len, gen_len = DISTILL_PROMPT, cfg.seq_len - DISTILL_PROMPT
@@ -145,7 +153,9 @@ def self_distilled_stream(
     pieces = []
     for i in range(0, len(prompts), 64):
         batch = prompts[i : i + 64]
-        result = batch_generate(target.model, target.tokenizer, batch, max_tokens=gen_len, return_token_ids=True)
+        result = batch_generate(
+            target.model, target.tokenizer, batch, max_tokens=gen_len, return_token_ids=True, **sampling
+        )
         pieces += [np.asarray(p + out, dtype=np.int32) for p, out in zip(batch, result.token_ids)]
         log(f"self-distilling the {label}: {min(i + 64, len(prompts))}/{len(prompts)} sequences")
     return np.concatenate(pieces)
