@@ -4,6 +4,7 @@ steps that keep depth d among those that drafted it with depth d-1 kept, at T=0 
 No timings here (those are `mlxspec bench`): the counts depend only on the seeds. Example:
 
     python scripts/acceptance_by_depth.py --eagle models/eagle --medusa models/medusa --depth 6 --json out.json
+    python scripts/acceptance_by_depth.py --eagle my-eagle3 --no-draft-model --depth 6 --json out.json
     python scripts/acceptance_by_depth.py --dflash models/dflash --depth 7 --ddtrees 8:2,15:3 --json out.json
 """
 
@@ -16,8 +17,8 @@ import mlx.core as mx
 
 from mlxspec.bench.runner import heldout_prompts
 from mlxspec.decoding.assembly import build_engine
+from mlxspec.drafting.eagle3_files import load_eagle_head
 from mlxspec.drafting.factory import make_drafter
-from mlxspec.drafting.feature_head import load_head
 from mlxspec.drafting.medusa import load_medusa
 from mlxspec.kernels import verify as verify_kernel
 from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
@@ -65,7 +66,7 @@ def main() -> None:
     target = load_model(DEFAULT_TARGET)
     draft = load_model(DEFAULT_DRAFT)
     prompts = heldout_prompts(target.tokenizer, args.num_prompts, 128)
-    eagle = load_head(args.eagle, target.path) if args.eagle else None
+    eagle = load_eagle_head(args.eagle, target) if args.eagle else None  # mlxspec's EAGLE head or an EAGLE-3 head
     medusa = load_medusa(args.medusa, target.path) if args.medusa else None
     dflash = None
     if args.dflash:

@@ -347,15 +347,22 @@ def test_train_heads_dflash_writes_zlab_format_that_loads_resumes_and_refuses_an
 
 
 def test_a_paused_controller_decodes_plainly_where_no_length_pays_and_keeps_probing():
-    from mlxspec.decoding.costs import PROBE_EVERY, CostCurve, DraftLengthController
+    from mlxspec.decoding.costs import MAX_PROBE_EVERY, PROBE_EVERY, CostCurve, DraftLengthController
 
     curve = CostCurve({n: 0.010 for n in range(1, 9)}, 0.0, 256, "test", draft_block=0.006)
     controller = DraftLengthController(curve, 7, pause=True)
     assert controller.next_length() > 0  # the prior (alpha 0.6) says drafting pays
     for _ in range(20):
         controller.update(drafted=4, accepted=0)  # nothing accepted: alpha falls
-    lengths = [controller.next_length() for _ in range(2 * PROBE_EVERY)]
-    assert lengths.count(0) == 2 * PROBE_EVERY - 2 and lengths.count(1) == 2  # plain, but a probe every 8 steps
+    lengths = [controller.next_length() for _ in range(8 * MAX_PROBE_EVERY)]
+    probes = [i + 1 for i, k in enumerate(lengths) if k]
+    # plain, with a probe after 8 steps, then 16, 32, 64 and every 64 from then on
+    expected, at, gap = [], 0, PROBE_EVERY
+    while at + gap <= len(lengths):
+        at += gap
+        expected.append(at)
+        gap = min(2 * gap, MAX_PROBE_EVERY)
+    assert probes == expected and set(lengths) == {0, 1}
     for _ in range(20):
         controller.update(drafted=1, accepted=1)  # the probes are accepted: drafting resumes
     assert controller.next_length() > 1
@@ -363,3 +370,53 @@ def test_a_paused_controller_decodes_plainly_where_no_length_pays_and_keeps_prob
     for _ in range(20):
         eager.update(drafted=4, accepted=0)
     assert eager.next_length() == 1
+
+
+def test_where_drafting_steps_are_timed_slower_than_plain_ones_the_controller_pauses():
+    """The curve can say drafting pays while the steps say otherwise (per-step overhead the curve leaves out): the
+    measured seconds per token win, with drafting probes (after PROBE_EVERY steps, then less often) and plain steps
+    kept measured."""
+    from mlxspec.decoding.costs import PROBE_EVERY, WARMUP_STEPS, CostCurve, DraftLengthController
+
+    curve = CostCurve({n: 0.010 for n in range(1, 9)}, 0.0, 256, "test")  # flat: every length looks free
+    controller = DraftLengthController(curve, 4, pause=True)
+    lengths = [controller.next_length() for _ in range(PROBE_EVERY)]
+    assert lengths.count(0) == 1 and all(k > 0 for k in lengths[:-1])  # drafting, with one plain step to measure
+    for _ in range(WARMUP_STEPS):
+        controller.observe(True, 1.0, 1)  # not counted
+    for _ in range(5):
+        controller.observe(True, 0.030, 2)  # 15 ms a token drafting
+        controller.observe(False, 0.010, 1)  # 10 ms a token plain
+    assert controller.drafting_measured_slower()
+    paused = [controller.next_length() for _ in range(3 * PROBE_EVERY)]
+    assert [i + 1 for i, k in enumerate(paused) if k] == [PROBE_EVERY, 3 * PROBE_EVERY]  # probes at 8, then 16 on
+    for _ in range(10):
+        controller.observe(True, 0.010, 2)  # the probes now pay: 5 ms a token
+    assert not controller.drafting_measured_slower() and controller.next_length() > 0
+
+
+def test_a_paused_controller_lets_plain_steps_queue_their_next_forward_and_stays_exact():
+    """While paused, plain_next promises the coming step is plain, so the engine queues its forward as plain
+    decoding does (the overlap a paused draft model lacked): output stays equal to plain decoding, the promise is
+    kept (no drafting step follows a queued forward), and the probes still draft."""
+    from mlxspec.decoding.assembly import build_engine
+    from mlxspec.decoding.costs import CostCurve, DraftLengthController
+    from mlxspec.drafting.factory import make_drafter
+    from mlxspec.options import DecodeOptions
+
+    target, draft = make_tiny("llama", seed=0, vocab_size=32), make_tiny("llama", seed=7, vocab_size=32)
+    options = DecodeOptions(num_draft="auto").validate()
+    curve = CostCurve({n: 0.010 + 0.002 * (n - 1) for n in range(1, 9)}, 0.001, 256, "test")
+    controller = DraftLengthController(curve, 4, pause=True)
+    assert controller.can_win  # drafting could pay, at high acceptance
+    controller.successes, controller.failures = 0.2, 1.8  # alpha 0.1: no length pays
+    engine = build_engine(target, make_drafter(options, draft_model=draft), options, controller=controller)
+    engine.prefill(PROMPT)
+    out, queued, drafted_steps = [], 0, 0
+    while len(out) < 40:
+        step = engine.step(40 - len(out))
+        out += step.tokens
+        queued += engine._prefetched is not None
+        drafted_steps += step.drafted > 0
+    assert out[:40] == mlx_lm_greedy(target, PROMPT, 40)
+    assert queued > 20 and drafted_steps > 0  # plain steps queued their successors; probes drafted

@@ -23,6 +23,7 @@ from mlxspec.loading import LoadedModel
 from mlxspec.platform import blas_in_use, cache_dir
 
 CURVES_FILE = "cost_curves.json"
+CURVE_VERSION = "v2"  # monotone curves, with the kernel's attention: older stored curves are measured again
 
 
 @dataclass
@@ -89,10 +90,11 @@ def measure_curve(
     from mlxspec.progress import Progress
 
     progress = Progress("measuring this device's verification cost once", len(sizes) + (draft is not None))
-    costs = {}
-    for i, n in enumerate(sizes):
+    costs, most = {}, 0.0
+    for i, n in enumerate(sorted(sizes)):
         progress.update(i)
-        costs[n] = _time_forward(target, n, context, repeats)
+        # Verifying more tokens never costs less: a noisy small size must not make a longer draft look free.
+        most = costs[n] = max(most, _time_forward(target, n, context, repeats))
     progress.update(len(sizes))
     draft_one = _time_forward(draft, 1, context, repeats) if draft is not None else 0.0
     progress.close()
@@ -102,7 +104,13 @@ def measure_curve(
 def _key(kernel: str, *model_paths: Path | None) -> str:
     # OpenBLAS's thread timeout changes small-call costs by up to a third, so curves are kept per setting, and
     # per verify kernel (its curve is the flat one).
-    parts = [str(mx.default_device()), blas_in_use(), os.environ.get("OPENBLAS_THREAD_TIMEOUT", ""), kernel]
+    parts = [
+        str(mx.default_device()),
+        blas_in_use(),
+        os.environ.get("OPENBLAS_THREAD_TIMEOUT", ""),
+        kernel,
+        CURVE_VERSION,
+    ]
     for path in model_paths:
         if path is not None:
             config = Path(path) / "config.json"
@@ -142,21 +150,31 @@ def cached_curve(
     return curve
 
 
-PROBE_EVERY = 8  # a paused controller drafts one token every this many steps, to keep measuring acceptance
+PROBE_EVERY = 8  # a paused controller drafts every this many steps (a drafting one decodes plainly), at first
+MAX_PROBE_EVERY = 64  # the interval doubles after each probe while the mode holds, up to this
+WARMUP_STEPS = 2  # steps whose timing is not counted
+STEP_MEMORY = 0.8  # forgetting of the measured seconds per token
 
 
 class DraftLengthController:
     """Chooses each step's draft length from the running acceptance rate and the measured cost curve.
 
     pause=True (what Speculator uses for every drafter): where no length pays at the running acceptance, decode
-    plainly, drafting one token every PROBE_EVERY steps to keep measuring it. pause=False drafts at least one token
-    every step."""
+    plainly, drafting every PROBE_EVERY steps to keep measuring acceptance (the interval doubling, up to
+    MAX_PROBE_EVERY, while the pause holds). pause=False drafts at least one token every step.
+
+    The curve is measured once and leaves out what a step costs besides the forwards (acceptance, the drafter's
+    bookkeeping), which on a small target is a visible share. So with pause, the controller also times the steps
+    themselves (`observe`): where drafting steps have been measured slower per token than plain ones, it pauses
+    too; and while drafting it takes a plain step now and then (the same growing interval), so both stay measured."""
 
     def __init__(
         self, curve: CostCurve, max_k: int, prior_alpha: float = 0.6, memory: float = 0.9, pause: bool = False
     ):
         self.curve, self.max_k, self.memory, self.pause = curve, max_k, memory, pause
-        self.paused_steps = 0
+        self.paused, self.mode_steps, self.probe_interval, self.observed_steps = False, 0, PROBE_EVERY, 0
+        self.seconds_per_token: dict[bool, float] = {}  # measured, drafting (True) and plain (False) steps
+        self.committed_plain = False  # plain_next promised the coming step is plain (its forward is queued)
         # Acceptance counts with exponential forgetting; the prior counts as two steps' worth.
         self.successes, self.failures = 2 * prior_alpha, 2 * (1 - prior_alpha)
         # Even perfect acceptance cannot pay for verification: decode plainly.
@@ -169,13 +187,54 @@ class DraftLengthController:
     def next_length(self) -> int:
         if not self.can_win:
             return 0
-        best = best_draft_length(self.curve, self.alpha, self.max_k)
-        if best == 0 and self.pause:
-            self.paused_steps += 1
-            if self.paused_steps % PROBE_EVERY:
-                return 0
-        # Otherwise never settle below one draft token: with none, alpha would stop being measured.
-        return max(1, best)
+        if self.committed_plain:  # plain_next promised it: the engine has queued this step's forward
+            self.committed_plain = False
+            self.mode_steps += 1
+            return 0
+        predicted = best_draft_length(self.curve, self.alpha, self.max_k)
+        paused = self._paused(predicted)
+        if not self.pause:
+            return max(1, predicted)  # never below one draft token: with none, alpha would stop being measured
+        self.mode_steps += 1
+        if self.mode_steps % self.probe_interval == 0:  # a probe of the other mode keeps both measured
+            self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_EVERY)  # and grows while the mode holds
+            self.mode_steps = 0
+            return max(1, predicted) if paused else 0
+        return 0 if paused else max(1, predicted)
+
+    def _paused(self, predicted: int) -> bool:
+        """Whether no length pays (by the curve, or by the steps' measured speed); a change of mode restarts the
+        probing at PROBE_EVERY."""
+        paused = self.pause and (predicted == 0 or self.drafting_measured_slower())
+        if paused != self.paused:
+            self.paused, self.mode_steps, self.probe_interval = paused, 0, PROBE_EVERY
+        return paused
+
+    def plain_next(self) -> bool:
+        """Whether the coming step will be plain for sure (paused, and no probe due); True commits it, so the
+        engine may queue that step's forward now, as plain decoding does."""
+        if not self.pause or not self.can_win or self.committed_plain:
+            return False
+        if not self._paused(best_draft_length(self.curve, self.alpha, self.max_k)):
+            return False
+        if (self.mode_steps + 1) % self.probe_interval == 0:
+            return False
+        self.committed_plain = True
+        return True
+
+    def drafting_measured_slower(self) -> bool:
+        measured = self.seconds_per_token
+        return True in measured and False in measured and measured[True] > measured[False]
+
+    def observe(self, drafted: bool, seconds: float, tokens: int) -> None:
+        """A step's wall time and tokens: seconds per token of drafting and of plain steps, with forgetting. The
+        first WARMUP_STEPS steps (compilation, the prompt's last token) are not counted."""
+        self.observed_steps += 1
+        if tokens <= 0 or self.observed_steps <= WARMUP_STEPS:
+            return
+        rate = seconds / tokens
+        old = self.seconds_per_token.get(drafted)
+        self.seconds_per_token[drafted] = rate if old is None else STEP_MEMORY * old + (1 - STEP_MEMORY) * rate
 
     def update(self, drafted: int, accepted: int) -> None:
         """A chain stops at its first rejection: `accepted` successes, then one failure unless all were accepted."""

@@ -190,7 +190,7 @@ class SpeculativeEngine:
     def step(self, max_new_tokens: int) -> StepResult:
         """One draft-verify-accept round emitting between 1 and (draft depth + 1) tokens, at most max_new_tokens."""
         self.mid_step = True
-        self._mark_time = time.perf_counter()
+        self._mark_time = started = time.perf_counter()
         draft_key = accept_key = None
         if not self.sampling.greedy:  # greedy steps draw nothing, so they split no keys
             self.key, draft_key, accept_key = mx.random.split(self.key, 3)
@@ -198,8 +198,7 @@ class SpeculativeEngine:
         budget = min(budget, max_new_tokens - 1)
         if self.first_token_mask is not None:
             budget = 0  # the constrained first token is decoded plainly
-        # A forward is queued only when every later step is plain (_decodes_plainly), so none is queued here.
-        assert budget == 0 or self._prefetched is None
+        assert budget == 0 or self._prefetched is None  # a forward is queued only for a plain step (_next_is_plain)
         if self.room() is not None:
             budget = min(budget, self.room())
         draft = self.drafter.propose(budget, draft_key) if budget > 0 else None
@@ -217,6 +216,7 @@ class SpeculativeEngine:
         self.target_calls += 1
         if self.controller is not None:
             self.controller.update(result.drafted, result.accepted)
+            self.controller.observe(draft is not None, time.perf_counter() - started, len(result.tokens))
         self.history.extend(result.tokens)  # committed: the drafter reads them from here
         if self.drafter is not None:
             self.drafter.accept(result.tokens, result.proposed)
@@ -295,7 +295,7 @@ class SpeculativeEngine:
         self._mark("target probs", token)
         self._prefetched = None
         free = None if self.context_length is None else self.context_length - self.position
-        if self._decodes_plainly() and max_new_tokens > 1 and (free is None or free > 0):
+        if max_new_tokens > 1 and (free is None or free > 0) and self._next_is_plain():
             self._prefetched = self.target(token[None], cache=self.cache)[0]
             self.position += 1
             self._count_forward(1)
@@ -334,11 +334,14 @@ class SpeculativeEngine:
         self.position -= fed
         self.replay = self._fed + kept
 
-    def _decodes_plainly(self) -> bool:
-        """Whether every later step is certain to be plain decoding (no drafter, or one that cannot pay)."""
+    def _next_is_plain(self) -> bool:
+        """Whether the next step is certain to be plain decoding, so its forward can be queued now: no drafter, one
+        that cannot pay, or a paused controller that promises it (plain_next commits the promise)."""
         if self.wants_hidden or self.first_token_mask is not None or self.ranks is not None:
             return False  # (sharded: a queued forward would feed this rank's token before the ranks agree on it)
-        return self.drafter is None or (self.controller is not None and not self.controller.can_win)
+        if self.drafter is None or (self.controller is not None and not self.controller.can_win):
+            return True
+        return self.controller is not None and self.controller.plain_next()
 
     def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
         num_draft = draft.tokens.shape[0]
