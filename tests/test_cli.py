@@ -186,9 +186,12 @@ def test_bench_compares_every_mode_on_a_fresh_install(tiny_dirs, tmp_path):
             assert all(run["tokens"] == 6 for run in row["runs"])  # EOS ignored: every run makes max-tokens
             if row["mode"].startswith("mlxspec "):  # one vocabulary: the row names the mode as -v and --json do
                 name, *settings = row["mode"].split()[1:]
-                assert {run["mode"] for run in row["runs"]} == {name}, row["mode"]
+                # -k auto decodes plainly where this machine's measured costs say drafting cannot pay
+                allowed = {name, "plain"} if "k=auto" in settings else {name}
+                assert {run["mode"] for run in row["runs"]} <= allowed, row["mode"]
                 k = next((s for s in settings if s.startswith("k=")), None)
-                assert k is None or {f"k={run['num_draft']}" for run in row["runs"]} == {k}, row["mode"]
+                ks = {f"k={run['num_draft']}" for run in row["runs"]}
+                assert k is None or ks == {k} or (k == "k=auto" and ks <= {k, "k=0"}), row["mode"]  # (plainly: 0)
         assert set(results[f"profile {temp}"]) == {"draft", "verify", "target probs", "accept", "bookkeeping"}
         assert f"## temperature {float(temp)}" in proc.stdout
     # progress names each mode as it finishes, with the time left; the last one at each temperature has none left

@@ -73,7 +73,9 @@ def test_tune_stores_a_choice_that_generate_then_runs_exactly_unless_told_not_to
     assert code == 0, err
     assert f"tuned on this machine for greedy decoding: {greedy.name}" in err
     expected_mode = "plain" if greedy.drafter == "plain" else greedy.drafter
-    assert json.loads(tuned_out)["mode"].startswith(expected_mode)
+    mode = json.loads(tuned_out)["mode"]
+    # a tuned -k auto still decodes plainly where this run's measured costs say drafting cannot pay
+    assert mode.startswith(expected_mode) or (greedy.num_draft == "auto" and mode == "plain"), mode
     code, plain_out, err = cli_run(*common, "--no-draft")
     assert code == 0 and "tuned on this machine" not in err  # set by hand: the tune steps aside
     assert json.loads(tuned_out)["tokens"] == json.loads(plain_out)["tokens"]

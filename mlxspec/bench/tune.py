@@ -133,14 +133,14 @@ def measure(
 
 def machine_identity() -> str:
     """What makes timings comparable: the CPU (model and count) and the OS and architecture."""
-    cpu = platform.processor() or ""
+    cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
     except OSError:
-        pass
+        cpu = platform.processor() or ""  # (macOS; it spawns `uname` on Linux, where /proc answers)
     return f"{platform.system()}-{platform.machine()}-{cpu}-{os.cpu_count()}"
 
 
@@ -187,6 +187,12 @@ def save_tune(key: dict[str, str], regimes: dict[str, Regime], drafters: dict[st
     tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(path)
     return path
+
+
+def any_tune_stored() -> bool:
+    """Whether `mlxspec tune` ever stored anything here: otherwise a run need not fingerprint its model."""
+    directory = cache_dir() / "tune"
+    return directory.is_dir() and any(directory.glob("*.json"))
 
 
 def load_tune(key: dict[str, str]) -> dict | None:

@@ -140,11 +140,11 @@ def tune(model, draft, eagle, dflash, medusa, prompts, max_tokens, kernel, as_js
 def apply_tuned(p: dict, options: Any, drafters_named: bool) -> tuple[dict, Any, dict | None, str]:
     """A stored tune applied to a run that names no drafter, length or tree: (p, options, where it came from, the
     line to print). Anything the user set by hand wins, and so does --no-tune."""
-    from mlxspec.bench.tune import load_tune, tuned_regime
+    from mlxspec.bench.tune import any_tune_stored, load_tune, tuned_regime
     from mlxspec.cli.options import MTP_IN_MODEL
 
     hand_set = drafters_named or p["no_draft"] or p["lookup"] or p.get("num_draft") or p.get("tree_topk", 1) > 1
-    if p.get("no_tune") or hand_set or p.get("tree_nodes") or p.get("distributed"):
+    if p.get("no_tune") or hand_set or p.get("tree_nodes") or p.get("distributed") or not any_tune_stored():
         return p, options, None, ""
     try:
         key = tune_key_for(p["model"], options.kernel)
