@@ -317,7 +317,10 @@ def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback(tiny_dirs)
 
     env = {**os.environ, "MLXSPEC_NO_OPENBLAS": "1"}
     command = [sys.executable, "-m", "mlxspec", *G, "--model", str(tiny_dirs["target"])]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    # As a terminal starts it: a runner that ignores SIGINT (a background job, some CI shells) would hand the child
+    # an ignored SIGINT, and then Python never turns Ctrl-C into KeyboardInterrupt at all (seen in .ci/run here).
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, preexec_fn=restore)
     time.sleep(0.5)
     process.send_signal(signal.SIGINT)
     err = process.communicate(timeout=HANG_LIMIT)[1].decode()
