@@ -71,14 +71,7 @@ def train_heads(kind, **params) -> None:
     from mlxspec.train.eagle import EagleTrainConfig, train_eagle
 
     config = EagleTrainConfig(
-        steps=params["steps"] or 2000,
-        batch_size=params["batch_size"],
-        seq_len=params["seq_len"],
-        lr=params["lr"],
-        seed=params["seed"],
-        unroll=params["unroll"],
-        data=params["data"],
-        distill_sequences=params["distill_sequences"],
+        **head_settings(params, 2000), unroll=params["unroll"], distill_sequences=params["distill_sequences"]
     )
     run_training(config, train_eagle, params["model"], params["out_dir"], CONFIG_FILE, "the EAGLE head")
 
@@ -115,13 +108,8 @@ def _train_eagle3(**params) -> None:
     from mlxspec.train.eagle3 import Eagle3TrainConfig, train_eagle3
 
     config = Eagle3TrainConfig(
-        steps=params["steps"] or 2000,
-        batch_size=params["batch_size"],
-        seq_len=params["seq_len"],
-        lr=params["lr"],
-        seed=params["seed"],
+        **{**head_settings(params, 2000), "data": "self-distill"},  # EAGLE-3 trains on the target's own text only
         unroll=params["unroll"],
-        data="self-distill",
         distill_sequences=params["distill_sequences"],
         draft_vocab=params["draft_vocab"],
         sampled_share=params["sampled_share"],
@@ -133,12 +121,7 @@ def _train_dflash(**params) -> None:
     from mlxspec.train.dflash import DFlashTrainConfig, train_dflash
 
     config = DFlashTrainConfig(
-        steps=params["steps"] or 1500,
-        batch_size=params["batch_size"],
-        seq_len=params["seq_len"],
-        lr=params["lr"],
-        seed=params["seed"],
-        data=params["data"],
+        **head_settings(params, 1500),
         distill_sequences=params["distill_sequences"],
         block_size=params["block_size"],
         layers=params["layers"],
@@ -146,6 +129,12 @@ def _train_dflash(**params) -> None:
         gamma=params["gamma"],
     )
     run_training(config, train_dflash, params["model"], params["out_dir"], "config.json", "the DFlash drafter")
+
+
+def head_settings(params: dict, default_steps: int) -> dict:
+    """The settings every head trainer's config takes from the common options."""
+    keys = ("batch_size", "seq_len", "lr", "seed", "data")
+    return {"steps": params["steps"] or default_steps, **{key: params[key] for key in keys}}
 
 
 def run_training(config, train, model: str | None, out_dir: str, config_file: str, what: str) -> None:

@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from mlxspec.drafting.dflash_model import DFlashConfig, DFlashDraftModel
+from mlxspec.drafting.head_files import check_weights_fit
 from mlxspec.errors import UserError
 from mlxspec.loading import HF_REPO_ID, LoadedModel, on_cpu
 from mlxspec.model_files import read_config, safetensors_header, text_config
@@ -162,18 +163,7 @@ def load_dflash(source: str | Path, target: LoadedModel) -> DFlashDraftModel:
         safetensors_header(file)  # a truncated or garbage file is named before MLX maps it
         weights.update({k: v for k, v in mx.load(str(file)).items() if not k.startswith(SHARED_WEIGHTS)})
     model = DFlashDraftModel(config)
-    expected = {k: v.shape for k, v in tree_flatten(model.parameters())}
-    missing = sorted(set(expected) - set(weights))
-    unknown = sorted(set(weights) - set(expected))
-    if missing or unknown:
-        what = f"lacks {missing[0]}" if missing else f"holds {unknown[0]}, which its config has no place for"
-        raise UserError(f"the DFlash drafter '{source}' {what}; is the checkpoint complete and for this config?")
-    wrong = next((k for k in expected if tuple(weights[k].shape) != tuple(expected[k])), None)
-    if wrong is not None:
-        raise UserError(
-            f"the DFlash drafter '{source}' has {wrong} of shape {tuple(weights[wrong].shape)}, but its config "
-            f"needs {tuple(expected[wrong])}"
-        )
+    check_weights_fit(model, weights, f"the DFlash drafter '{source}'")
     model.load_weights(list(weights.items()))
     if on_cpu():  # as the target: half-precision matmul is emulated on the CPU
         model.set_dtype(mx.float32)

@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from mlxspec.drafting.eagle3_model import LAYER_FAMILIES, Eagle3Config, Eagle3Head
+from mlxspec.drafting.head_files import check_weights_fit
 from mlxspec.drafting.torch_checkpoint import load_torch_state_dict
 from mlxspec.errors import UserError
 from mlxspec.loading import HF_REPO_ID, LoadedModel, on_cpu
@@ -251,17 +252,7 @@ def load_eagle3(path: Path, target: LoadedModel, where: str) -> Eagle3Head:
     if config.has_embedding:
         weights["embed_tokens.weight"] = embedding
     head = Eagle3Head(config)
-    expected = {k: v.shape for k, v in tree_flatten(head.parameters())}
-    missing, unknown = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    if missing or unknown:
-        what = f"lacks {missing[0]}" if missing else f"holds {unknown[0]}, which its config has no place for"
-        raise UserError(f"the EAGLE-3 head '{where}' {what}; is the checkpoint complete and for this config?")
-    wrong = next((k for k in expected if tuple(weights[k].shape) != tuple(expected[k])), None)
-    if wrong is not None:
-        raise UserError(
-            f"the EAGLE-3 head '{where}' has {wrong} of shape {tuple(weights[wrong].shape)}, but its config needs "
-            f"{tuple(expected[wrong])}"
-        )
+    check_weights_fit(head, weights, f"the EAGLE-3 head '{where}'")
     head.load_weights(list(weights.items()))
     head.set_vocabulary_map(d2t)
     if on_cpu():  # as the target: half-precision matmul is emulated on the CPU

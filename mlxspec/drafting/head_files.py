@@ -28,6 +28,21 @@ def base_model_identity(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
+def check_weights_fit(module: nn.Module, weights: dict, what: str) -> None:
+    """Refuse, naming the first offender, weights that lack a tensor `module` has, hold one it has no place for, or
+    have a tensor of the wrong shape. `what` names the checkpoint ("the DFlash drafter 'x'")."""
+    expected = {k: v.shape for k, v in tree_flatten(module.parameters())}
+    missing, unknown = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    if missing or unknown:
+        held = f"lacks {missing[0]}" if missing else f"holds {unknown[0]}, which its config has no place for"
+        raise UserError(f"{what} {held}; is the checkpoint complete and for this config?")
+    wrong = next((k for k in expected if tuple(weights[k].shape) != tuple(expected[k])), None)
+    if wrong is not None:
+        raise UserError(
+            f"{what} has {wrong} of shape {tuple(weights[wrong].shape)}, but its config needs {tuple(expected[wrong])}"
+        )
+
+
 def save_head_files(module: nn.Module, config, out_dir: Path, weights_file: str, config_file: str) -> None:
     """module's parameters in bf16 (half the bytes; the heads run in the compute dtype) and its config dataclass."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,6 @@ the result is written in z-lab's format (dflash_files.save_dflash), with the bas
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,14 +27,13 @@ from mlxspec.drafting.head_files import (
     base_model_identity,
     check_checkpoint_identity,
     checkpoint_state,
-    resume_checkpoint,
-    save_checkpoint,
     warmup_cosine,
 )
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 from mlxspec.model_files import text_config
 from mlxspec.train.eagle import training_streams
+from mlxspec.train.loop import train_steps
 from mlxspec.train.medusa import DISTILL_PROMPT, check_lr, check_window
 
 WEIGHTS_FILE = "drafter.safetensors"  # the checkpoint's; the finished drafter is model.safetensors
@@ -215,14 +212,9 @@ def train_dflash(
         return block_loss(drafter, target, tokens, taps, final, anchors, cfg.gamma)
 
     step_fn = nn.value_and_grad(model, loss_fn)
-    if state["step"]:
-        resume_checkpoint(model, optimizer, ckpt, WEIGHTS_FILE, out_dir)
-        log(f"resumed at step {state['step']}")
-    state.update(identity, seconds=state.get("seconds", 0.0))
-    rng = np.random.default_rng(cfg.seed + state["step"])
-    start, first_step = time.perf_counter(), state["step"]
     high = cfg.seq_len - cfg.block_size  # a block's last row must stay inside its window
-    while state["step"] < cfg.steps:
+
+    def one_step(rng: np.random.Generator) -> tuple[mx.array, mx.array]:
         picked = rng.integers(0, len(windows), cfg.batch_size)
         anchors = mx.array(rng.integers(1, high + 1, (cfg.batch_size, cfg.anchors)))
         taps = mx.array(train_taps[picked]).astype(mx.float32)
@@ -230,17 +222,12 @@ def train_dflash(
         (loss, agree), grads = step_fn(model, mx.array(windows[picked]), taps, final, anchors)
         optimizer.update(model, grads)
         mx.eval(model.parameters(), optimizer.state, loss, agree)
-        if not math.isfinite(loss.item()):
-            raise UserError(f"the loss became {loss.item()} at step {state['step'] + 1}; lower --lr")
-        state["step"] += 1
-        elapsed, done = time.perf_counter() - start, state["step"] - first_step
-        eta = (cfg.steps - state["step"]) * elapsed / done
-        rows = " ".join(f"{a:.2f}" for a in agree.tolist())
-        log(f"step {state['step']}/{cfg.steps} loss {loss.item():.3f} top-1 by row {rows} ETA {eta:.0f} s")
-        if state["step"] % 100 == 0 or state["step"] == cfg.steps:
-            state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - start
-            start, first_step = time.perf_counter(), state["step"]
-            save_checkpoint(model, optimizer, ckpt, WEIGHTS_FILE, state)
+        return loss, agree
+
+    def describe(agree: mx.array, done: int, elapsed: float) -> str:
+        return "top-1 by row " + " ".join(f"{a:.2f}" for a in agree.tolist()) + " "
+
+    train_steps(model, optimizer, cfg, state, identity, (ckpt, WEIGHTS_FILE, out_dir), one_step, describe, log)
     alpha, tau = acceptance_by_position(model, target, held_windows, held_taps)
     log(f"held-out greedy acceptance by block row: {' '.join(f'{a:.3f}' for a in alpha)}; tau {tau:.2f}")
     training = {**asdict(cfg), "seconds": round(state.get("seconds", 0.0))}

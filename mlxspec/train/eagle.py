@@ -10,8 +10,6 @@ towards the true one (EAGLE's regression term).
 from __future__ import annotations
 
 import json
-import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,12 +25,11 @@ from mlxspec.drafting.feature_head import FeatureHead, HeadOnTarget, new_eagle_h
 from mlxspec.drafting.head_files import (
     check_checkpoint_identity,
     checkpoint_state,
-    resume_checkpoint,
-    save_checkpoint,
     warmup_cosine,
 )
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
+from mlxspec.train.loop import train_steps
 from mlxspec.train.medusa import check_lr, check_window, self_distilled_stream, token_stream
 
 MAX_DEPTH = 6  # depths whose held-out agreement the config records
@@ -222,13 +219,8 @@ def train_eagle(
         return head_loss(wired, tokens, features, target_logits, cfg)
 
     step_fn = nn.value_and_grad(head, loss_fn)
-    if state["step"]:
-        resume_checkpoint(head, optimizer, ckpt, "head.safetensors", out_dir)
-        log(f"resumed at step {state['step']}")
-    state.update(_identity(head), seconds=state.get("seconds", 0.0))
-    rng = np.random.default_rng(cfg.seed + state["step"])
-    start, first_step = time.perf_counter(), state["step"]
-    while state["step"] < cfg.steps:
+
+    def one_step(rng: np.random.Generator) -> tuple[mx.array, mx.array]:
         starts = rng.integers(0, len(stream) - cfg.seq_len, cfg.batch_size)
         tokens = mx.array(np.stack([stream[s : s + cfg.seq_len] for s in starts]))
         features, target_logits = forward_with_hidden(target.model, tokens, None)
@@ -236,23 +228,20 @@ def train_eagle(
         (loss, kl), grads = step_fn(head, tokens, features, target_logits)
         optimizer.update(head, grads)
         mx.eval(head.parameters(), optimizer.state, loss, kl)
-        if not math.isfinite(loss.item()):
-            raise UserError(f"the loss became {loss.item()} at step {state['step'] + 1}; lower --lr")
-        state["step"] += 1
-        elapsed = time.perf_counter() - start
-        done = state["step"] - first_step
-        rate = done * cfg.batch_size * cfg.seq_len / elapsed
-        eta = (cfg.steps - state["step"]) * elapsed / done
+        return loss, kl
+
+    def describe(kl: mx.array, done: int, elapsed: float) -> str:
         kls = " ".join(f"{v:.3f}" for v in kl.tolist())
-        log(
-            f"step {state['step']}/{cfg.steps} loss {loss.item():.3f} KL/depth {kls} {rate:,.0f} tok/s, ETA {eta:.0f} s"
-        )
-        if state["step"] % 100 == 0 or state["step"] == cfg.steps:
-            state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - start
-            start, first_step = time.perf_counter(), state["step"]
-            save_checkpoint(head, optimizer, ckpt, "head.safetensors", state)
-            if state["step"] % 500 == 0 and state["step"] < cfg.steps:  # the last step's is measured once, below
-                log_agreement(wired, target, heldout, cfg, state, out_dir, log)
+        return f"KL/depth {kls} {done * cfg.batch_size * cfg.seq_len / elapsed:,.0f} tok/s, "
+
+    def agreement_now_and_then(state: dict) -> None:
+        if state["step"] % 500 == 0 and state["step"] < cfg.steps:  # the last step's is measured once, below
+            log_agreement(wired, target, heldout, cfg, state, out_dir, log)
+
+    checkpoint = (ckpt, "head.safetensors", out_dir)
+    train_steps(
+        head, optimizer, cfg, state, _identity(head), checkpoint, one_step, describe, log, agreement_now_and_then
+    )
     head.config.acceptance = log_agreement(wired, target, heldout, cfg, state, out_dir, log)
     head.config.training = {**asdict(cfg), "seconds": round(state.get("seconds", 0.0))}
     save_head(head, out_dir)

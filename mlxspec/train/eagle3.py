@@ -10,8 +10,6 @@ shipped EAGLE head only tied the draft model at T=0.7, and depth-1 acceptance un
 from __future__ import annotations
 
 import json
-import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,14 +26,13 @@ from mlxspec.drafting.head_files import (
     base_model_identity,
     check_checkpoint_identity,
     checkpoint_state,
-    resume_checkpoint,
-    save_checkpoint,
     warmup_cosine,
 )
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 from mlxspec.model_files import text_config
 from mlxspec.train.eagle import MAX_DEPTH, EagleTrainConfig, _UnrollCache, _windows, distilled_stream, unrolled_mask
+from mlxspec.train.loop import train_steps
 from mlxspec.train.medusa import token_stream
 
 SAMPLED_TEMPERATURE = 0.7
@@ -208,30 +205,20 @@ def train_eagle3(
     taps_wanted = head.config.target_taps
     optimizer = optim.AdamW(learning_rate=warmup_cosine(cfg.lr, cfg.warmup, cfg.steps), weight_decay=0.0)
     step_fn = nn.value_and_grad(head, lambda model, *a: eagle3_loss(model, embed, *a, cfg.unroll))
-    if state["step"]:
-        resume_checkpoint(head, optimizer, ckpt, "head.safetensors", out_dir)
-        log(f"resumed at step {state['step']}")
-    state.update(identity, seconds=state.get("seconds", 0.0))
-    rng = np.random.default_rng(cfg.seed + state["step"])
-    start, first_step = time.perf_counter(), state["step"]
-    while state["step"] < cfg.steps:
+
+    def one_step(rng: np.random.Generator) -> tuple[mx.array, mx.array]:
         starts = rng.integers(0, len(stream) - cfg.seq_len, cfg.batch_size)
         tokens = mx.array(np.stack([stream[s : s + cfg.seq_len] for s in starts]))
         taps, target_logits = forward_with_hidden(target.model, tokens, None, taps_wanted)
         (loss, kl), grads = step_fn(head, tokens, mx.stop_gradient(taps), mx.stop_gradient(target_logits))
         optimizer.update(head, grads)
         mx.eval(head.parameters(), optimizer.state, loss, kl)
-        if not math.isfinite(loss.item()):
-            raise UserError(f"the loss became {loss.item()} at step {state['step'] + 1}; lower --lr")
-        state["step"] += 1
-        elapsed, done = time.perf_counter() - start, state["step"] - first_step
-        eta = (cfg.steps - state["step"]) * elapsed / done
-        kls = " ".join(f"{v:.3f}" for v in kl.tolist())
-        log(f"step {state['step']}/{cfg.steps} loss {loss.item():.3f} KL/depth {kls}, ETA {eta:.0f} s")
-        if state["step"] % 100 == 0 or state["step"] == cfg.steps:
-            state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - start
-            start, first_step = time.perf_counter(), state["step"]
-            save_checkpoint(head, optimizer, ckpt, "head.safetensors", state)
+        return loss, kl
+
+    def describe(kl: mx.array, done: int, elapsed: float) -> str:
+        return "KL/depth " + " ".join(f"{v:.3f}" for v in kl.tolist()) + ", "
+
+    train_steps(head, optimizer, cfg, state, identity, (ckpt, "head.safetensors", out_dir), one_step, describe, log)
     acceptance = depth_agreement(head, embed, target, _windows(heldout, cfg.seq_len), start=64)
     log(f"held-out greedy acceptance by depth 1..{MAX_DEPTH}: " + " ".join(f"{a:.3f}" for a in acceptance))
     head.config.mlxspec.update(
