@@ -11,6 +11,7 @@ In the order `--draft auto` prefers them:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -120,6 +121,11 @@ class TargetFacts:
     vocab: int
     family: str
     size_bytes: int
+
+    @functools.cached_property
+    def vocabulary(self) -> tuple | None:
+        """The target's tokenizer content, read once however many candidates are compared with it."""
+        return _vocabulary_key(self.path)
 
     @classmethod
     def of(cls, path: Path, name: str = "") -> TargetFacts:
@@ -238,7 +244,7 @@ def _vocabulary_key(path: Path) -> tuple | None:
 def _judge_draft_model(repo: str, path: Path, facts: TargetFacts, size: int) -> Candidate | None:
     if path.resolve() == facts.path.resolve():
         return None
-    mine, theirs = _vocabulary_key(facts.path), _vocabulary_key(path)
+    mine, theirs = facts.vocabulary, _vocabulary_key(path)
     if mine is None or theirs is None:
         return Candidate("draft", repo, path, size, False, "no readable tokenizer.json to compare")
     if theirs[0] != mine[0]:
