@@ -29,6 +29,7 @@ def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
     """What drafted, by results.mode_name, for -v, --json and stats.mode."""
     from mlxspec.drafting.dflash import DFlashDrafter
     from mlxspec.drafting.feature_drafter import FeatureDrafter
+    from mlxspec.drafting.hydra import HydraDrafter
     from mlxspec.drafting.medusa import MedusaDrafter
 
     if drafter is None:
@@ -42,6 +43,7 @@ def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
             DraftModelDrafter: "draft",
             PromptLookupDrafter: "lookup",
             MedusaDrafter: "medusa",
+            HydraDrafter: "medusa",  # Hydra heads load with --medusa; their config names the style
             DFlashDrafter: "dflash",
         }
         kind = names.get(type(alone), type(alone).__name__)

@@ -5,6 +5,7 @@ No timings here (those are `mlxspec bench`): the counts depend only on the seeds
 
     python scripts/acceptance_by_depth.py --eagle models/eagle --medusa models/medusa --depth 6 --json out.json
     python scripts/acceptance_by_depth.py --eagle my-eagle3 --no-draft-model --depth 6 --json out.json
+    python scripts/acceptance_by_depth.py --medusa models/medusa --no-draft-model --depth 4 --medusa-trees 8:2,16:4
     python scripts/acceptance_by_depth.py --dflash models/dflash --depth 7 --ddtrees 8:2,15:3 --json out.json
 """
 
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--trees", default="8:2,16:4,24:4", help="EAGLE-2 trees as nodes:beam, comma-separated")
+    parser.add_argument("--medusa-trees", default="8:2,16:4", help="Medusa/Hydra sparse trees as nodes:topk")
     parser.add_argument("--dflash", default=None, help="a DFlash drafter (chains, and the --ddtrees)")
     parser.add_argument("--ddtrees", default="8:2,15:3,24:4", help="DDTrees as nodes:topk, comma-separated")
     parser.add_argument("--no-draft-model", action="store_true", help="skip the draft-model chain")
@@ -92,7 +94,12 @@ def main() -> None:
                 tree = chain.updated(tree_topk=beam, tree_nodes=nodes)
                 runs[f"eagle tree {nodes}n beam {beam}"] = (tree, {"feature_head": eagle})
         if medusa is not None:
-            runs["medusa chain"] = (chain.updated(num_draft=medusa.config.num_heads), {"medusa": medusa})
+            heads_chain = chain.updated(num_draft=medusa.config.num_heads)
+            runs["medusa chain"] = (heads_chain, {"medusa": medusa})
+            for spec in args.medusa_trees.split(","):
+                nodes, topk = (int(x) for x in spec.split(":"))
+                tree = heads_chain.updated(tree_topk=topk, tree_nodes=nodes)
+                runs[f"medusa tree {nodes}n top{topk}"] = (tree, {"medusa": medusa})
         for name, (options, drafter_args) in runs.items():
             result = measure(target, options.validate(), prompts, args.max_tokens, **drafter_args)
             rows[f"{name} T={temperature}"] = result

@@ -1,6 +1,7 @@
 """Greedy exactness over every drafter, in one parametrized test: whatever drafts (a draft model's chain or tree,
-an EAGLE head's chain or dynamic tree, Medusa heads, prompt lookup), speculative greedy decoding gives mlx-lm's own
-greedy tokens (`assert_greedy_equal`: exact unless a near-tie under 1e-4 explains a difference), on every family."""
+an EAGLE head's chain or dynamic tree, Medusa and Hydra heads, prompt lookup), speculative greedy decoding gives
+mlx-lm's own greedy tokens (`assert_greedy_equal`: exact unless a near-tie under 1e-4 explains a difference), on
+every family."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 from helpers import assert_greedy_equal, mlx_lm_greedy, speculative_tokens
 from test_engine_exactness import PROMPTS
 from test_feature_heads import drafter_for, random_head
+from test_hydra import random_hydra
 from test_medusa import random_heads
 from tiny import FAMILIES, make_tiny
 
+from mlxspec.drafting.hydra import HydraDrafter
 from mlxspec.drafting.lookup import PromptLookupDrafter
 from mlxspec.drafting.medusa import MedusaDrafter
 
@@ -48,6 +51,13 @@ def medusa(topk: int) -> Case:
     return Case(make)
 
 
+def hydra(topk: int) -> Case:
+    def make(target, draft):
+        return dict(drafter=HydraDrafter(random_hydra(target), target, tree_nodes=6, tree_topk=topk), num_draft=3)
+
+    return Case(make)
+
+
 def lookup(candidates: int) -> Case:
     return Case(lambda target, draft: dict(drafter=PromptLookupDrafter(max_candidates=candidates), num_draft=4))
 
@@ -59,6 +69,8 @@ CASES = {
     "eagle-tree-beam3": eagle(3),
     "medusa-chain": medusa(1),
     "medusa-tree": medusa(2),
+    "hydra-chain": hydra(1),
+    "hydra-tree": hydra(2),
     "lookup-chain": lookup(1),
     "lookup-tree": lookup(3),
 }

@@ -202,6 +202,28 @@ def test_interleaved_conversations_each_continue_their_own_cache(tiny_dirs):
         mlxspec.load(tiny_dirs["target"], prompt_cache=-1)
 
 
+def test_conversations_sharing_only_a_template_prefix_do_not_evict_each_other(tiny_dirs):
+    """x and y share only a chat template's first tokens. With room for four, y starts from a copy of that prefix
+    and x's entry stays whole, so x's and then y's next turns each reuse all their conversation holds; every turn
+    equals a cold run, and every kept cache equals plain decoding's."""
+    template = [1, 2, 3]
+    x, y = template + [4, 5, 0], template + [6, 6, 5]
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3, prompt_cache=4)
+    cold = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=3)
+    first_x = spec.generate(x, max_tokens=6, stop_at_eos=False)
+    first_y = spec.generate(y, max_tokens=6, stop_at_eos=False)
+    assert (first_y.stats.prompt_cache, first_y.stats.reused_tokens) == ("prefix", len(template))
+    assert first_y.tokens == cold.generate(y, max_tokens=6, stop_at_eos=False).tokens
+    assert_cache_equals_plain(spec)
+    for prompt, first in ((x, first_x), (y, first_y)):
+        again = prompt + first.tokens + [3]
+        result = spec.generate(again, max_tokens=6, stop_at_eos=False)
+        assert (result.stats.prompt_cache, result.stats.reused_tokens) == ("prefix", len(again) - 2)
+        assert result.tokens == cold.generate(again, max_tokens=6, stop_at_eos=False).tokens
+        assert_cache_equals_plain(spec)
+    assert len(spec.prompt_cache.entries) == 2  # each conversation's latest turn; the copies' sources moved on
+
+
 def test_interleaved_streams_with_a_prompt_cache_stay_exact():
     """A second stream started while the first still steps must not take the first's live caches: each stream holds
     its caches alone until it ends (the second starts cold), and both give what a cold run gives."""

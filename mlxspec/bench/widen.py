@@ -192,3 +192,33 @@ def widen_dflash(model, spec: WidenSpec, target_layers: int):
     wide.update(tree_unflatten(list(out.items())))
     mx.eval(wide.parameters())
     return wide
+
+
+def widen_medusa(heads, spec: WidenSpec):
+    """Medusa or Hydra heads of the widened target with the same function: the widened target's final hidden state
+    and embeddings are the original ones zero-padded, so every weight is zero-padded (a padded channel stays zero
+    through h + silu(W h + b)); a Hydra head's mix reads the live channels of [state ; embedding], and its token
+    norm is scaled as the target's norms are."""
+    from dataclasses import replace
+
+    from mlxspec.drafting.medusa import heads_class
+
+    d, W = heads.config.hidden_size, spec.width
+    wide = heads_class(heads.config)(replace(heads.config, hidden_size=W))
+    for block in wide.blocks if heads.config.style == "hydra" else ():
+        block.token_norm.eps = block.token_norm.eps * d / W
+    norm_scale = math.sqrt(d / W)
+    new = dict(tree_flatten(wide.parameters()))
+    out = {}
+    for name, source in tree_flatten(heads.parameters()):
+        if name.endswith("mix.weight"):  # [d, 2d] -> [W, 2W]: the state half, then the embedding half
+            wide_mix = mx.zeros(new[name].shape, source.dtype)
+            wide_mix[:d, :d] = source[:, :d]
+            wide_mix[:d, W : W + d] = source[:, d:]
+            out[name] = wide_mix
+        else:
+            scaled = source * norm_scale if name.endswith("norm.weight") else source
+            out[name] = _pad(scaled, new[name].shape)
+    wide.update(tree_unflatten(list(out.items())))
+    mx.eval(wide.parameters())
+    return wide

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, CacheList, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache, make_prompt_cache
 
 Snapshot = list[list[Any]]  # per recurrent layer, its state arrays (references; nothing is copied)
 
@@ -62,6 +62,34 @@ def rewind(cache: list[Any], state: Snapshot, num_tokens: int) -> None:
     """Put the cache back to where `state` was taken, `num_tokens` positions ago."""
     restore(recurrent_leaves(cache), state)
     trim_attention(cache, num_tokens)
+
+
+def copy_prefix(cache: list[Any], num_tokens: int) -> list[Any] | None:
+    """A new cache holding the first num_tokens positions of `cache`, which stays as it was (its arrays are sliced,
+    never shared: a KV cache writes into its buffer in place); None when a layer's cache is of a kind whose
+    positions cannot be sliced out (windows, chunks, recurrent state)."""
+    copied = []
+    for layer_cache in cache:
+        if isinstance(layer_cache, CacheList):
+            inner = copy_prefix(list(layer_cache.caches), num_tokens)
+            if inner is None:
+                return None
+            copied.append(CacheList(*inner))
+        elif type(layer_cache) is KVCache and layer_cache.keys is not None and layer_cache.offset >= num_tokens:
+            fresh = KVCache()
+            fresh.keys = layer_cache.keys[..., :num_tokens, :]
+            fresh.values = layer_cache.values[..., :num_tokens, :]
+            fresh.offset = num_tokens
+            copied.append(fresh)
+        elif type(layer_cache) is QuantizedKVCache and layer_cache.keys is not None:
+            fresh = QuantizedKVCache(group_size=layer_cache.group_size, bits=layer_cache.bits)
+            fresh.keys = tuple(x[..., :num_tokens, :] for x in layer_cache.keys)
+            fresh.values = tuple(x[..., :num_tokens, :] for x in layer_cache.values)
+            fresh.offset = num_tokens
+            copied.append(fresh)
+        else:
+            return None
+    return copied
 
 
 def probe_cache(model) -> list[Any]:

@@ -194,10 +194,8 @@ def load_contenders(p: dict, max_draft: int) -> tuple:
         from mlxspec.bench.widen import WidenSpec
 
         widen_spec = WidenSpec.parse(p["widen"])
-        if medusa_path:
-            raise UserError("Medusa heads fit the target they were trained on, not its widening; drop --medusa")
-    elif medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():
-        medusa_path = str(MODELS_DIR / "medusa")  # heads fit the target they were trained on, not a widening
+    if medusa_path is None and model is None and (MODELS_DIR / "medusa" / "medusa_config.json").exists():
+        medusa_path = str(MODELS_DIR / "medusa")  # widened with the target below: its function is preserved too
     if eagle_path is None and mtp_source is None and model is None and (MODELS_DIR / "eagle").exists():
         eagle_path = str(MODELS_DIR / "eagle")  # widened with the target below: its function is preserved too
     # The embedded draft with the embedded target; otherwise only what was passed (no default prompt lookup).
@@ -228,6 +226,10 @@ def load_contenders(p: dict, max_draft: int) -> tuple:
         from mlxspec.drafting.medusa import load_medusa
 
         heads = load_medusa(medusa_path, original.path)
+        if widen_spec is not None:
+            from mlxspec.bench.widen import widen_medusa
+
+            heads = widen_medusa(heads, widen_spec)
         medusa = Speculator(speculator.target, None, medusa=heads, options=speculator.options)
     eagle = Speculator(speculator.target, None, feature_head=head, options=speculator.options) if head else None
     return speculator, medusa, eagle, load_dflash_contender(p, speculator, original, widen_spec)

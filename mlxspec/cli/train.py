@@ -10,7 +10,9 @@ import click
 COMMON = [
     click.option("--model", default=None, help="Frozen target [default: embedded target]."),
     click.option("--out", "out_dir", required=True, help="Output directory (resumes from its checkpoint)."),
-    click.option("--steps", type=click.IntRange(min=1), default=None, help="[default: 400 medusa, 2000 eagle]"),
+    click.option(
+        "--steps", type=click.IntRange(min=1), default=None, help="[default: 400 medusa, 600 hydra, 2000 eagle]"
+    ),
     click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True),
     click.option("--seq-len", type=click.IntRange(min=1), default=256, show_default=True),
     click.option("--lr", type=float, default=1e-3, show_default=True),
@@ -36,11 +38,14 @@ def common_options(function):
 
 @click.command("train-heads")
 @click.option(
-    "--kind", type=click.Choice(["medusa", "eagle", "eagle3", "dflash"]), required=True, help="Which drafter to train."
+    "--kind",
+    type=click.Choice(["medusa", "hydra", "eagle", "eagle3", "dflash"]),
+    required=True,
+    help="Which drafter to train (hydra: Medusa heads that read the previous token; load them with --medusa).",
 )
 @common_options
 @data_option("self-distill")
-@click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True, help="Medusa: how many heads.")
+@click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True, help="Medusa, Hydra: heads.")
 @click.option("--full-lm-heads", is_flag=True, help="Medusa: give each head its own LM head (more memory).")
 @click.option("--unroll", type=click.IntRange(1, 6), default=2, show_default=True, help="EAGLE: depths per step.")
 @click.option("--distill-sequences", type=click.IntRange(min=1), default=1024, show_default=True)
@@ -54,7 +59,7 @@ def common_options(function):
     type=click.FloatRange(0, 1),
     default=0.5,
     show_default=True,
-    help="EAGLE-3: share of the self-distilled data sampled at T=0.7 (the rest greedy).",
+    help="EAGLE-3, Hydra: share of the self-distilled data sampled at T=0.7 (the rest greedy).",
 )
 def train_heads(kind, **params) -> None:
     """Train Medusa heads, an EAGLE or EAGLE-3 head or a DFlash block drafter on a frozen target."""
@@ -66,6 +71,9 @@ def train_heads(kind, **params) -> None:
         return
     if kind == "eagle3":
         _train_eagle3(**params)
+        return
+    if kind == "hydra":
+        _train_hydra(**params)
         return
     from mlxspec.drafting.feature_head import CONFIG_FILE
     from mlxspec.train.eagle import EagleTrainConfig, train_eagle
@@ -115,6 +123,20 @@ def _train_eagle3(**params) -> None:
         sampled_share=params["sampled_share"],
     )
     run_training(config, train_eagle3, params["model"], params["out_dir"], "config.json", "the EAGLE-3 head")
+
+
+def _train_hydra(**params) -> None:
+    from mlxspec.drafting.medusa import CONFIG_FILE
+    from mlxspec.train.hydra import HydraTrainConfig, train_hydra
+
+    settings = {**head_settings(params, 600), "data": "self-distill"}  # Hydra heads learn the target's own text
+    config = HydraTrainConfig(
+        **settings,
+        num_heads=params["heads"],
+        distill_sequences=params["distill_sequences"],
+        sampled_share=params["sampled_share"],
+    )
+    run_training(config, train_hydra, params["model"], params["out_dir"], CONFIG_FILE, "Hydra heads")
 
 
 def _train_dflash(**params) -> None:

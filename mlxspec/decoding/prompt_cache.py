@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlxspec.cache.recurrent import rewind, trim_attention
+from mlxspec.cache.recurrent import copy_prefix, rewind, trim_attention
 from mlxspec.cache.rollback import CacheSpec
 from mlxspec.decoding.draft import Drafter, common_prefix
 from mlxspec.decoding.engine import EngineState
@@ -81,6 +81,10 @@ class PromptCache:
     the caches of the one it shares the longest prefix with: several conversations (clients) interleave without
     evicting each other. Each entry holds a whole KV cache.
 
+    A prompt that continues an entry (extends everything it holds) takes it. One that shares only a prefix with it
+    (another conversation under the same chat template, or a regenerated turn) starts from a copy of that prefix
+    and leaves the entry for its own conversation, unless the entry is the one this run's state will evict anyway.
+
     An entry is taken exclusively: `take` removes it, and a run `keep`s its state only once it has finished or
     stopped. So two streams running at once never share a live cache; the second starts from another entry or cold.
     """
@@ -111,6 +115,12 @@ class PromptCache:
         reach, best = max(scored, key=lambda pair: pair[0], default=(0, None))  # ties: the most recent
         if reach == 0:  # nothing shares a prefix with this prompt: every entry stays for its own conversation
             return Reuse(None, 0, fresh_drafter, 0, COLD)
+        continues = reach >= best.state.position  # the prompt extends all the entry holds: its own next turn
+        doomed = len(self.entries) >= self.capacity and best is self.entries[-1]  # evicted when this run is kept
+        if not (continues or doomed):
+            # Another conversation sharing only a prefix (a chat template's, a system prompt): cutting the entry
+            # back would destroy its future turns, so this run starts from a copy of the shared prefix instead.
+            return self.copied_prefix(best.state, reach, fresh_drafter)
         self.entries.remove(best)
         state, kept_key = best.state, best.drafter_key
         drafter = state.drafter if kept_key == drafter_key and state.drafter is not None else fresh_drafter
@@ -144,3 +154,14 @@ class PromptCache:
                 return Reuse(None, 0, fresh_drafter, 0, RECOMPUTED)
             return Reuse(None, 0, drafter, drafter_tokens, RECOMPUTED)
         return Reuse(state.cache, n, drafter, drafter_tokens, how)
+
+    @staticmethod
+    def copied_prefix(state: EngineState, reach: int, fresh_drafter: Drafter | None) -> Reuse:
+        """A cold drafter and a copy of the first `reach` positions of the entry's target cache, leaving the entry
+        whole; a cold start where the cache cannot be copied (recurrent layers, windows) or the drafter must cover
+        the reused positions with state it does not have (one that reads the target's features)."""
+        joint = fresh_drafter is not None and fresh_drafter.uses_target_hidden
+        copied = None if joint or state.recurrent else copy_prefix(state.cache, reach)
+        if copied is None:
+            return Reuse(None, 0, fresh_drafter, 0, COLD)
+        return Reuse(copied, reach, fresh_drafter, 0, PREFIX)

@@ -49,11 +49,9 @@ def make_drafter(
             max_nodes=max_nodes,
         )
     elif options.use_draft and medusa is not None:
-        from mlxspec.drafting.medusa import MedusaDrafter
+        from mlxspec.drafting.medusa import medusa_drafter
 
-        model_drafter = MedusaDrafter(
-            medusa, target_model, tree_nodes=depth * options.tree_topk, tree_topk=options.tree_topk
-        )
+        model_drafter = medusa_drafter(medusa, target_model, max_nodes, options.tree_topk)
     elif options.use_draft and draft_model is not None:
         model_drafter = DraftModelDrafter(
             draft_model,

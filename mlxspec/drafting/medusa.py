@@ -17,6 +17,7 @@ from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.target_features import output_head
 from mlxspec.decoding.trees import TreeShape, rank_paths_parents, sparse_tree
 from mlxspec.drafting.head_files import load_trained_head, read_head_config, save_head_files
+from mlxspec.errors import UserError
 
 CONFIG_FILE, WEIGHTS_FILE = "medusa_config.json", "medusa.safetensors"
 
@@ -31,6 +32,7 @@ class MedusaConfig:
     base_model_identity: str = ""  # base_model_identity(dir), checked at load
     topk_accuracy: list[list[float]] = field(default_factory=list)  # [head][rank] P(rank-r token is right)
     data: str = "corpus"
+    style: str = "medusa"  # "hydra": each head also reads the token before the one it guesses (drafting/hydra.py)
 
 
 class ResBlock(nn.Module):
@@ -62,18 +64,46 @@ class MedusaHeads(nn.Module):
         return mx.stack(outs)
 
 
-def save_medusa(heads: MedusaHeads, out_dir: Path) -> None:
+def save_medusa(heads: nn.Module, out_dir: Path) -> None:
     save_head_files(heads, heads.config, out_dir, WEIGHTS_FILE, CONFIG_FILE)
 
 
 TRAINER = "mlxspec train-medusa"
 
 
-def load_medusa(path: str | Path, base_model_dir: Path) -> MedusaHeads:
-    """Load heads and refuse them if they were trained on another base model."""
+STYLES = ("medusa", "hydra")
+
+
+def heads_class(config: MedusaConfig) -> type:
+    """The module a config's style names: Medusa heads, or Hydra heads that also read the previous token."""
+    if config.style == "hydra":
+        from mlxspec.drafting.hydra import HydraHeads
+
+        return HydraHeads
+    return MedusaHeads
+
+
+def load_medusa(path: str | Path, base_model_dir: Path) -> nn.Module:
+    """Load Medusa or Hydra heads and refuse them if they were trained on another base model."""
     path = Path(path)
     config = read_head_config(path, CONFIG_FILE, MedusaConfig, "Medusa", TRAINER)
-    return load_trained_head(MedusaHeads, config, path, base_model_dir, WEIGHTS_FILE, "Medusa heads", TRAINER)
+    if config.style not in STYLES:
+        raise UserError(
+            f"'{path / CONFIG_FILE}' says style={config.style!r}; mlxspec knows {', '.join(STYLES)}: "
+            "upgrade mlxspec or retrain the heads"
+        )
+    hydra = config.style == "hydra"
+    what, trainer = ("Hydra heads", "mlxspec train-heads --kind hydra") if hydra else ("Medusa heads", TRAINER)
+    return load_trained_head(heads_class(config), config, path, base_model_dir, WEIGHTS_FILE, what, trainer)
+
+
+def medusa_drafter(heads: nn.Module, target: nn.Module, tree_nodes: int | None, tree_topk: int) -> Drafter:
+    """The drafter for Medusa or Hydra heads."""
+    if heads.config.style == "hydra":
+        from mlxspec.drafting.hydra import HydraDrafter
+
+        return HydraDrafter(heads, target, tree_nodes=tree_nodes, tree_topk=tree_topk)
+    return MedusaDrafter(heads, target, tree_nodes=tree_nodes, tree_topk=tree_topk)
 
 
 class MedusaDrafter(Drafter):
