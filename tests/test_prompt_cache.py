@@ -169,6 +169,23 @@ def test_a_feature_head_keeps_its_rows_aligned_across_turns(tmp_path):
             assert result.stats.prompt_cache == "prefix" and result.stats.reused_tokens > len(prompt) // 2
 
 
+def test_a_feature_head_drafts_from_the_first_step_after_a_cache_hit(tmp_path):
+    """A regenerated turn reuses all of its prompt the cache holds but one row, which the target recomputes so the
+    head has the features to draft from at once: the same drafts and acceptance as a cold run (a head given no
+    features decodes its first step plainly, drafting fewer)."""
+    target = load_model(save_tiny_model_dir(tmp_path / "one_layer", num_hidden_layers=1))
+    target.model.config = target.config
+    spec = Speculator(target, feature_head=copying_head(target.model), prompt_cache=1)
+    cold = Speculator(target, feature_head=copying_head(target.model))
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1]
+    spec.generate(prompt, max_tokens=12, num_draft=3)
+    again = spec.generate(prompt, max_tokens=12, num_draft=3)
+    reference = cold.generate(prompt, max_tokens=12, num_draft=3)
+    assert (again.stats.prompt_cache, again.stats.reused_tokens) == ("prefix", len(prompt) - 2)
+    assert again.tokens == reference.tokens
+    assert (again.stats.drafted, again.stats.accepted) == (reference.stats.drafted, reference.stats.accepted) > (0, 0)
+
+
 def test_a_sliding_window_that_dropped_the_prefix_recomputes(tmp_path):
     """gemma3's window cache keeps window + slack entries, dropping older ones in chunks of 256: past that, an
     earlier cut cannot be trimmed back to, so the prompt is prefilled again (and the output stays exact)."""

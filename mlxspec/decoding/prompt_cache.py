@@ -119,15 +119,23 @@ class PromptCache:
         doomed = len(self.entries) >= self.capacity and best is self.entries[-1]  # evicted when this run is kept
         if not (continues or doomed):
             # Another conversation sharing only a prefix (a chat template's, a system prompt): cutting the entry
-            # back would destroy its future turns, so this run starts from a copy of the shared prefix instead.
-            return self.copied_prefix(best.state, reach, fresh_drafter)
+            # back would destroy its future turns, so this run starts from a copy of the shared prefix instead; where
+            # none can be made, it cuts the entry only when the overlap is worth more than what the entry would lose.
+            copied = self.copied_prefix(best.state, reach, fresh_drafter)
+            if copied is not None:
+                return copied
+            if reach < best.state.position - reach:
+                return Reuse(None, 0, fresh_drafter, 0, COLD)
         self.entries.remove(best)
         state, kept_key = best.state, best.drafter_key
         drafter = state.drafter if kept_key == drafter_key and state.drafter is not None else fresh_drafter
         drafter_tokens = drafter.reusable(prompt) if drafter is not fresh_drafter else 0
         drafter_tokens = max(0, min(drafter_tokens, len(prompt) - 1))
-        # A drafter that reads the target's features of every position past what it keeps: both reuse one length.
+        # A drafter that reads the target's features of every position past what it keeps: both reuse one length,
+        # and at least the row before the pending token is recomputed, so the first step has features to draft from.
         joint = drafter is not None and drafter.uses_target_hidden
+        if joint:
+            drafter_tokens = min(drafter_tokens, max(0, len(prompt) - 2))
         n = target_points(
             state.history,
             state.position,
@@ -156,12 +164,10 @@ class PromptCache:
         return Reuse(state.cache, n, drafter, drafter_tokens, how)
 
     @staticmethod
-    def copied_prefix(state: EngineState, reach: int, fresh_drafter: Drafter | None) -> Reuse:
+    def copied_prefix(state: EngineState, reach: int, fresh_drafter: Drafter | None) -> Reuse | None:
         """A cold drafter and a copy of the first `reach` positions of the entry's target cache, leaving the entry
-        whole; a cold start where the cache cannot be copied (recurrent layers, windows) or the drafter must cover
+        whole; None where the cache cannot be copied (recurrent layers, windows) or the drafter would have to cover
         the reused positions with state it does not have (one that reads the target's features)."""
         joint = fresh_drafter is not None and fresh_drafter.uses_target_hidden
         copied = None if joint or state.recurrent else copy_prefix(state.cache, reach)
-        if copied is None:
-            return Reuse(None, 0, fresh_drafter, 0, COLD)
-        return Reuse(copied, reach, fresh_drafter, 0, PREFIX)
+        return None if copied is None else Reuse(copied, reach, fresh_drafter, 0, PREFIX)
