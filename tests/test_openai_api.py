@@ -3,7 +3,7 @@
 import pytest
 
 from mlxspec.results import Stats
-from mlxspec.serve.openai_api import RequestError, chunk, param_named, parse_request, usage
+from mlxspec.serve.openai_api import Reply, RequestError, chunk, param_named, parse_request, role_chunk, usage
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
 
@@ -98,10 +98,16 @@ def test_usage_reports_the_reused_prefix_and_the_speculative_stats():
     assert out["speculative"]["tokens_per_target_call"] == 3.0
 
 
-def test_the_first_chat_chunk_carries_the_role_and_the_last_the_finish_reason():
-    assert chunk("chat", "i", 0, "m", "he", None, True)["choices"][0]["delta"] == {"role": "assistant", "content": "he"}
-    last = chunk("chat", "i", 0, "m", None, "stop", False)["choices"][0]
-    assert last["delta"] == {} and last["finish_reason"] == "stop"
+def test_a_chat_stream_opens_with_the_role_alone_and_ends_with_the_finish_reason():
+    reply = Reply("chat", "i", 7, "m", include_usage=True)
+    opening = role_chunk(reply)
+    assert opening["choices"][0]["delta"] == {"role": "assistant", "content": ""} and opening["usage"] is None
+    text = chunk(reply, "he", None)["choices"][0]
+    assert text == {"index": 0, "delta": {"content": "he"}, "logprobs": None, "finish_reason": None}
+    last = chunk(reply, None, "stop")
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "stop"
+    assert last["created"] == 7 and last["system_fingerprint"].startswith("fp_mlxspec_")
+    assert "usage" not in chunk(Reply("chat", "i", 7, "m"), "he", None)  # no usage chunk to come: no null either
 
 
 def test_option_refusals_name_the_request_parameter():

@@ -121,6 +121,99 @@ def test_streamed_chat_and_completions_add_up_to_the_whole_answer(client):
     assert "".join(c.choices[0].text for c in streamed if c.choices) == whole
 
 
+# A streamed chat completion with stream_options.include_usage, as OpenAI's API sends it (transcribed from its API
+# reference for chat streaming; ids, times and text are whatever they were): each chunk's keys, in order.
+OPENAI_CHAT_STREAM = [
+    {
+        "id": "chatcmpl-123",
+        "object": "chat.completion.chunk",
+        "created": 1694268190,
+        "model": "gpt-4o-mini",
+        "system_fingerprint": "fp_44709d6fcb",
+        "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        ],
+        "usage": None,
+    },
+    {
+        "id": "chatcmpl-123",
+        "object": "chat.completion.chunk",
+        "created": 1694268190,
+        "model": "gpt-4o-mini",
+        "system_fingerprint": "fp_44709d6fcb",
+        "choices": [{"index": 0, "delta": {"content": "Hello"}, "logprobs": None, "finish_reason": None}],
+        "usage": None,
+    },
+    {
+        "id": "chatcmpl-123",
+        "object": "chat.completion.chunk",
+        "created": 1694268190,
+        "model": "gpt-4o-mini",
+        "system_fingerprint": "fp_44709d6fcb",
+        "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
+        "usage": None,
+    },
+    {
+        "id": "chatcmpl-123",
+        "object": "chat.completion.chunk",
+        "created": 1694268190,
+        "model": "gpt-4o-mini",
+        "system_fingerprint": "fp_44709d6fcb",
+        "choices": [],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 12, "total_tokens": 21},
+    },
+]
+
+
+def shape(value):
+    """A JSON value's structure: dicts as their keys (recursively), lists elementwise, other values as their type."""
+    if isinstance(value, dict):
+        return {key: shape(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [shape(v) for v in value]
+    return type(value).__name__
+
+
+def raw_stream(server, body: dict) -> list:
+    request = urllib.request.Request(
+        f"{server}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=HANG_LIMIT) as response:
+        events = [line[len("data: ") :] for line in response.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(event) for event in events[:-1]]
+
+
+def test_a_streamed_chat_has_the_shape_of_openais_and_its_own_creation_time(server):
+    """Chunk by chunk the keys OpenAI's stream has, in its order: a role chunk with no text, text chunks, the finish
+    chunk, then the usage chunk, each with logprobs and usage null and a system_fingerprint; `created` is this
+    completion's time, not the server's start; and -v logs the stream as done, not as a client gone."""
+    time.sleep(1.1)  # the server started at least a second before this completion
+    before = int(time.time())
+    body = {"model": "x", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3, "temperature": 0}
+    chunks = raw_stream(server, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    openai_text_chunk = shape(OPENAI_CHAT_STREAM[1])
+    expected = (
+        [shape(OPENAI_CHAT_STREAM[0])]
+        + [openai_text_chunk] * (len(chunks) - 3)
+        + [shape(c) for c in OPENAI_CHAT_STREAM[2:]]
+    )
+    got = [shape(c) for c in chunks]
+    usage_keys = list(got[-1]["usage"])
+    expected[-1]["usage"] = {key: got[-1]["usage"][key] for key in usage_keys}  # mlxspec's usage says more
+    assert all(key in usage_keys for key in OPENAI_CHAT_STREAM[-1]["usage"])
+    assert [list(c) for c in got] == [list(c) for c in expected] and got == expected
+    assert len({c["created"] for c in chunks}) == 1 and before <= chunks[0]["created"] <= time.time()
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    for _ in range(5):
+        raw_stream(server, {**body, "stream": True})
+    time.sleep(0.5)  # the worker logs after it hands the stream its end
+    finished = [line for line in server.log.read_text().splitlines() if line.startswith("mlxspec: ")]
+    assert not any("client gone" in line for line in finished[-6:]), finished[-6:]
+
+
 def test_usage_carries_the_speculative_stats_and_the_reused_prefix(client):
     first = chat(client, content="import os\nimport sys\n", max_tokens=24, temperature=0)
     stats = first.usage.model_extra["speculative"]

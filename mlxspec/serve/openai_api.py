@@ -10,12 +10,16 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxspec import __version__
 from mlxspec.results import Stats
 
 ROLES = ("system", "developer", "user", "assistant")
 # Fields a client may send that change nothing here (accepted and ignored).
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort", "modalities"}
 SPECULATIVE_KEYS = {"enabled": "use_draft", "num_draft": "num_draft", "lookup": "lookup"}
+# OpenAI's responses name the backend configuration that served them; here the mlxspec release (outputs are exact
+# either way: the fingerprint is for clients that log it).
+SYSTEM_FINGERPRINT = f"fp_mlxspec_{__version__}"
 
 
 class RequestError(Exception):
@@ -232,28 +236,61 @@ def usage(stats: Stats) -> dict:
     }
 
 
-def completion(kind: str, rid: str, created: int, model: str, text: str, finish: str | None, stats: Stats) -> dict:
+@dataclass(frozen=True)
+class Reply:
+    """What every response and chunk of one completion repeats: its id, its own creation time, the model, and
+    whether the stream ends with a usage chunk (then the earlier chunks say "usage": null, as OpenAI's do)."""
+
+    kind: str  # "chat" or "text"
+    id: str
+    created: int
+    model: str
+    include_usage: bool = False
+
+    def head(self, streamed: bool) -> dict:
+        chat = self.kind == "chat"
+        obj = ("chat.completion.chunk" if streamed else "chat.completion") if chat else "text_completion"
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+
+
+def completion(reply: Reply, text: str, finish: str | None, stats: Stats) -> dict:
     """The whole (non-streamed) response."""
-    if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    if reply.kind == "chat":
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-    obj = "chat.completion" if kind == "chat" else "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage(stats)}
+    return {**reply.head(streamed=False), "choices": [choice], "usage": usage(stats)}
 
 
-def chunk(kind: str, rid: str, created: int, model: str, text: str | None, finish: str | None, first: bool) -> dict:
-    """One streamed chunk; the first chat chunk carries the assistant role."""
-    if kind == "chat":
-        delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        obj = "chat.completion.chunk"
+def role_chunk(reply: Reply) -> dict:
+    """A chat stream's first chunk: the assistant role and no text yet, as OpenAI's streams begin."""
+    return _chunk(reply, {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None})
+
+
+def chunk(reply: Reply, text: str | None, finish: str | None) -> dict:
+    """One streamed chunk of text, or the last one with the finish reason and no text."""
+    if reply.kind == "chat":
+        choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None}
     else:
-        choice, obj = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}, "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+        choice = {"index": 0, "text": text or "", "logprobs": None}
+    return _chunk(reply, {**choice, "finish_reason": finish})
 
 
-def usage_chunk(kind: str, rid: str, created: int, model: str, stats: Stats) -> dict:
+def _chunk(reply: Reply, choice: dict) -> dict:
+    choice.setdefault("finish_reason", None)
+    out = {**reply.head(streamed=True), "choices": [choice]}
+    if reply.include_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(reply: Reply, stats: Stats) -> dict:
     """stream_options.include_usage: the last chunk, with no choices and the run's usage."""
-    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(stats)}
+    return {**reply.head(streamed=True), "choices": [], "usage": usage(stats)}

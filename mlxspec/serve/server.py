@@ -121,8 +121,9 @@ class Worker:
             if self.closing.is_set() and not job.cancelled.is_set():
                 job.emit("error", shutting_down())
                 return
+            gone = job.cancelled.is_set()  # read before "done": a stream read to its end marks its job cancelled
             job.emit("done", spec.last_stats)
-            self.log(spec.last_stats, job.cancelled.is_set())
+            self.log(spec.last_stats, gone)
         except UserError as error:
             job.emit("error", RequestError(str(error)))
         except Exception as error:
@@ -235,6 +236,7 @@ class OpenAIServer:
         except RecursionError:
             raise RequestError("the request body nests too deeply to parse; send a flat JSON object") from None
         parsed = wire.parse_request(body, kind)
+        created = int(time.time())  # this completion's own time, as OpenAI's responses carry
         tokens, options = await run_in_threadpool(self.prepare, parsed)
         job = Job(tokens, options, asyncio.get_running_loop())
         self.worker.submit(job)
@@ -244,9 +246,10 @@ class OpenAIServer:
         if first[0] == "error":
             raise first[1]
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        reply = wire.Reply(kind, rid, created, self.config.model_id, parsed.stream and parsed.include_usage)
         if parsed.stream:
-            return StreamingResponse(self.stream(job, parsed, rid, first), media_type="text/event-stream")
-        return JSONResponse(await self.collect(job, parsed, rid, first, request))
+            return StreamingResponse(self.stream(job, reply, first), media_type="text/event-stream")
+        return JSONResponse(await self.collect(job, reply, first, request))
 
     async def read_body(self, request: Request) -> bytes:
         """The body, refused with 413 past max_body_bytes (by its declared length, or while it streams in)."""
@@ -294,24 +297,22 @@ class OpenAIServer:
                     job.cancelled.set()
                     return None
 
-    async def collect(self, job: Job, parsed: CompletionRequest, rid: str, event, request: Request) -> dict:
+    async def collect(self, job: Job, reply: wire.Reply, event, request: Request) -> dict:
         pieces, finish = [], None
         while event is not None:
             kind, payload = event
             if kind == "error":
                 raise payload
             if kind == "done":
-                return wire.completion(
-                    parsed.kind, rid, self.created, self.config.model_id, "".join(pieces), finish, payload
-                )
+                return wire.completion(reply, "".join(pieces), finish, payload)
             pieces.append(payload.text)
             finish = payload.finish_reason or finish
             event = await self.next_event(job, request)
         return {}  # disconnected: the worker stops at its next step
 
-    async def stream(self, job: Job, parsed: CompletionRequest, rid: str, event) -> AsyncIterator[str]:
+    async def stream(self, job: Job, reply: wire.Reply, event) -> AsyncIterator[str]:
         """Server-sent events; a client that disconnects cancels this generator, which cancels the job."""
-        model, first = self.config.model_id, True
+        first = True
         try:
             while True:
                 kind, payload = event
@@ -319,15 +320,17 @@ class OpenAIServer:
                     yield sse(payload.body())
                     return
                 if kind == "done":
-                    if parsed.include_usage:
-                        yield sse(wire.usage_chunk(parsed.kind, rid, self.created, model, payload))
+                    if reply.include_usage:
+                        yield sse(wire.usage_chunk(reply, payload))
                     yield sse("[DONE]")
                     return
-                if payload.text or first:
-                    yield sse(wire.chunk(parsed.kind, rid, self.created, model, payload.text, None, first))
-                    first = False
+                if first and reply.kind == "chat":
+                    yield sse(wire.role_chunk(reply))
+                if payload.text or (first and reply.kind == "text"):
+                    yield sse(wire.chunk(reply, payload.text, None))
+                first = False
                 if payload.finish_reason:
-                    yield sse(wire.chunk(parsed.kind, rid, self.created, model, None, payload.finish_reason, False))
+                    yield sse(wire.chunk(reply, None, payload.finish_reason))
                 event = await job.events.get()
         finally:
             job.cancelled.set()  # a no-op once the job is done
