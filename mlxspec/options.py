@@ -95,6 +95,7 @@ class DecodeOptions:
     lookup: bool = False  # prompt lookup first; the draft model covers what does not repeat
     lookup_candidates: int = 1  # > 1: that many distinct continuations verified as one tree
     corpus_fallback: bool = True  # lookup guesses one token from a stdlib bigram table where nothing matches
+    suffix: bool = False  # lookup also searches the suffix cache of earlier requests (Speculator(suffix_cache=N))
     kv_bits: int | None = None  # quantize both KV caches (4 or 8)
     draft_window: int | None = None  # cap the draft model's KV cache at this many tokens
     kernel: str = "auto"  # the verify kernel (verify_kernel.py): auto (on where built for the device), on, off
@@ -120,6 +121,7 @@ class DecodeOptions:
             self.lookup,
             self.lookup_candidates,
             self.corpus_fallback,
+            self.suffix,
             self.kv_bits,
             self.draft_window,
         )
@@ -182,6 +184,8 @@ class DecodeOptions:
                     f"tree_nodes {self.tree_nodes} with tree_topk {self.tree_topk} is {depth} deep; the deepest "
                     f"tree is {MAX_NUM_DRAFT}: lower tree_nodes or raise tree_topk"
                 )
+        if self.suffix and not self.lookup:
+            raise UserError("suffix drafting is a kind of prompt lookup; turn lookup on with it (--lookup --suffix)")
         if self.lookup_candidates > 1 and not self.lookup:
             raise UserError(f"lookup_candidates {self.lookup_candidates} needs lookup (--lookup)")
         if self.kv_bits not in (None, 4, 8):

@@ -16,6 +16,7 @@ from mlxspec.decoding.draft import Drafter
 from mlxspec.decoding.prompt_cache import PromptCache, Reuse
 from mlxspec.drafting.draft_model import DraftModelDrafter
 from mlxspec.drafting.factory import make_drafter
+from mlxspec.drafting.suffix_index import DEFAULT_SUFFIX_BUDGET, SuffixIndex
 from mlxspec.drafting.lookup import PromptLookupDrafter
 from mlxspec.errors import UserError
 from mlxspec.kernels import verify as verify_kernel
@@ -73,6 +74,7 @@ class Speculator:
         sharding=None,
         dflash=None,
         drafter_choice: dict | None = None,
+        suffix_cache_tokens: int = DEFAULT_SUFFIX_BUDGET,
     ):
         if draft is not None:
             check_compatible(target, draft)
@@ -107,6 +109,10 @@ class Speculator:
         self.prompt_cache = PromptCache(prompt_cache) if prompt_cache else None
         self.sharding = sharding  # distributed.Sharding: the target split across ranks, or None
         self.drafter_choice = drafter_choice  # what --draft auto picked from the cache and why (discovery.py)
+        # The suffix cache (suffix_index.py): made by the first run that asks for it (options.suffix), then fed every
+        # run's output, within a budget of suffix_cache_tokens.
+        self.suffix_cache_tokens = suffix_cache_tokens
+        self.suffix_index: SuffixIndex | None = None
 
     @property
     def reports(self) -> bool:
@@ -214,6 +220,13 @@ class Speculator:
         finally:  # finished, stopped by the caller, or failed: only a run that is between steps leaves a usable state
             if self.prompt_cache is not None:
                 self.prompt_cache.keep(engine.kept_state(), options.drafting_key)
+            if self.suffix_index is not None:  # the output (committed tokens), after the prompt's last few tokens
+                self.suffix_index.add(engine.history[max(0, len(tokens) - self.suffix_index.max_ngram) :])
+
+    def _suffix_index(self) -> SuffixIndex:
+        if self.suffix_index is None:
+            self.suffix_index = SuffixIndex(self.suffix_cache_tokens)
+        return self.suffix_index
 
     def _routed_layers(self, target, head) -> int:
         """How many layers of the target (and feature head) call the verify kernel: counted once per view."""
@@ -311,6 +324,7 @@ class Speculator:
             successors=successors,
             feature_head=head,
             dflash=self.dflash,
+            suffix_index=self._suffix_index() if options.suffix else None,
         )
         controller = None
         if (

@@ -47,9 +47,9 @@ def check_contradictions(p: dict) -> None:
         )
     if p["auto"] and not p["memory_budget"]:
         raise UserError("--auto applies the planner's fix for --memory-budget; pass --memory-budget too (e.g. 8GB)")
-    if p["lookup_candidates"] is not None and not p["lookup"]:
+    if p["lookup_candidates"] is not None and not (p["lookup"] or p.get("suffix")):
         raise UserError(f"--lookup-candidates {p['lookup_candidates']} needs --lookup")
-    if p["no_corpus_fallback"] and not p["lookup"]:
+    if p["no_corpus_fallback"] and not (p["lookup"] or p.get("suffix")):
         raise UserError("--no-corpus-fallback needs --lookup")
 
 
@@ -68,7 +68,8 @@ def options_from(p: dict) -> DecodeOptions:
         num_draft=p["num_draft"] or "auto",
         tree_topk=p["tree_topk"],
         tree_nodes=p["tree_nodes"],
-        lookup=p["lookup"],
+        lookup=p["lookup"] or p.get("suffix", False),
+        suffix=p.get("suffix", False),
         lookup_candidates=p["lookup_candidates"] or 1,
         corpus_fallback=not p["no_corpus_fallback"],
         kv_bits=int(p["kv_bits"]) if p["kv_bits"] else None,

@@ -78,6 +78,12 @@ MODEL_OPTIONS = [
     click.option(
         "--no-corpus-fallback", is_flag=True, help="With --lookup: no stdlib bigram guess where nothing repeats."
     ),
+    click.option(
+        "--suffix",
+        is_flag=True,
+        help="Prompt lookup that also searches earlier outputs (a suffix cache shared across requests: serve, chat); "
+        "implies --lookup.",
+    ),
     click.option("--medusa", "medusa_path", default=None, help="Draft with Medusa heads (a train-medusa directory)."),
     click.option(
         "--eagle",

@@ -143,7 +143,14 @@ def apply_tuned(p: dict, options: Any, drafters_named: bool) -> tuple[dict, Any,
     from mlxspec.bench.tune import any_tune_stored, load_tune, tuned_regime
     from mlxspec.cli.options import MTP_IN_MODEL
 
-    hand_set = drafters_named or p["no_draft"] or p["lookup"] or p.get("num_draft") or p.get("tree_topk", 1) > 1
+    hand_set = (
+        drafters_named
+        or p["no_draft"]
+        or p["lookup"]
+        or p.get("suffix")
+        or p.get("num_draft")
+        or p.get("tree_topk", 1) > 1
+    )
     if p.get("no_tune") or hand_set or p.get("tree_nodes") or p.get("distributed") or not any_tune_stored():
         return p, options, None, ""
     try:

@@ -22,10 +22,11 @@ def make_drafter(
     successors: np.ndarray | None = None,
     feature_head: Any = None,
     dflash: Any = None,
+    suffix_index: Any = None,
 ) -> Drafter | None:
     """The drafter `options` ask for: a DFlash block drafter, a feature head (EAGLE or MTP) or Medusa heads (on
-    target_model), or a draft model, optionally behind prompt lookup (with its corpus table `successors`); None
-    decodes plainly. The one place drafters are wired."""
+    target_model), or a draft model, optionally behind prompt lookup (with its corpus table `successors`, and with
+    options.suffix the shared `suffix_index` of earlier requests); None decodes plainly. The one place drafters are wired."""
     sampling, depth = options.sampling, options.depth
     max_nodes = options.tree_nodes or depth * options.tree_topk  # the node budget of a dynamic tree or a DDTree
     model_drafter: Drafter | None = None
@@ -66,6 +67,8 @@ def make_drafter(
     if not options.lookup:
         return model_drafter
     lookup = PromptLookupDrafter(
-        max_candidates=options.lookup_candidates, successors=successors if options.corpus_fallback else None
+        max_candidates=options.lookup_candidates,
+        successors=successors if options.corpus_fallback else None,
+        shared=suffix_index if options.suffix else None,
     )
     return LookupThenModelDrafter(lookup, model_drafter) if model_drafter is not None else lookup

@@ -9,6 +9,7 @@ import numpy as np
 
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.trees import TreeShape, continuation_tree
+from mlxspec.drafting.suffix_index import SuffixIndex
 
 MAX_MATCHES_SCANNED = 256  # most recent occurrences of an n-gram read per proposal (bounds a step's cost)
 
@@ -23,6 +24,7 @@ class PromptLookupDrafter(Drafter):
     The history is the engine's committed tokens, read, never copied. An index from every n-gram to where it starts
     grows with the tokens committed since the last proposal, so a step costs O(new tokens), not O(history).
     `reference`: tokens searched as if they came before the history (a text the output is likely to quote).
+    `shared`: the suffix cache of earlier requests (suffix_index.py), searched where the context has no match.
     """
 
     def __init__(
@@ -33,11 +35,13 @@ class PromptLookupDrafter(Drafter):
         successors: np.ndarray | None = None,
         fallback_tokens: int = 1,
         reference: Sequence[int] = (),
+        shared: SuffixIndex | None = None,
     ):
         self.max_ngram, self.min_ngram, self.max_candidates = max_ngram, min_ngram, max_candidates
         # Where nothing matches, follow a corpus bigram table (ngram_table.py) for fallback_tokens tokens.
         self.successors, self.fallback_tokens = successors, fallback_tokens
         self.reference = list(reference)
+        self.shared = shared  # the suffix cache of earlier requests, searched where this context has no match
         self.history: Sequence[int] = []
         self.calls = 0
         self._starts: dict[tuple[int, ...], list[int]] = {}  # n-gram -> its start positions, ascending
@@ -104,8 +108,15 @@ class PromptLookupDrafter(Drafter):
             chain.append(token)
         return chain
 
+    def shared_continuation(self, num_tokens: int) -> list[int]:
+        if self.shared is None or not self.history:
+            return []
+        return self.shared.continuation(self.history[-self.shared.max_ngram :], num_tokens)
+
     def propose(self, num_tokens: int, key: mx.array | None) -> Draft | None:
-        found = self.candidates(num_tokens) or [self.successor_chain(num_tokens)]
+        found = self.candidates(num_tokens) or [
+            self.shared_continuation(num_tokens) or self.successor_chain(num_tokens)
+        ]
         if not found[0]:
             return None
         if len(found) == 1:

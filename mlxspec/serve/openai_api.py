@@ -16,7 +16,7 @@ from mlxspec.results import Stats
 ROLES = ("system", "developer", "user", "assistant")
 # Fields a client may send that change nothing here (accepted and ignored).
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort", "modalities"}
-SPECULATIVE_KEYS = {"enabled": "use_draft", "num_draft": "num_draft", "lookup": "lookup"}
+SPECULATIVE_KEYS = {"enabled": "use_draft", "num_draft": "num_draft", "lookup": "lookup", "suffix": "suffix"}
 # OpenAI's responses name the backend configuration that served them; here the mlxspec release (outputs are exact
 # either way: the fingerprint is for clients that log it).
 SYSTEM_FINGERPRINT = f"fp_mlxspec_{__version__}"
@@ -141,14 +141,17 @@ def _speculative(value: Any) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise RequestError("speculative must be an object with enabled, num_draft and lookup", "speculative")
+        raise RequestError("speculative must be an object with enabled, num_draft, lookup and suffix", "speculative")
     unknown = sorted(set(value) - set(SPECULATIVE_KEYS))
     if unknown:
         raise RequestError(f"speculative.{unknown[0]} is unknown; use {', '.join(SPECULATIVE_KEYS)}", "speculative")
-    for name in ("enabled", "lookup"):
+    for name in ("enabled", "lookup", "suffix"):
         if name in value and not isinstance(value[name], bool):
             raise RequestError(f"speculative.{name} {value[name]!r} is not a boolean", f"speculative.{name}")
-    return {SPECULATIVE_KEYS[k]: v for k, v in value.items()}
+    changes = {SPECULATIVE_KEYS[k]: v for k, v in value.items()}
+    if changes.get("suffix") and "lookup" not in changes:
+        changes["lookup"] = True  # the suffix cache is searched by prompt lookup
+    return changes
 
 
 def parse_request(body: Any, kind: str) -> CompletionRequest:
