@@ -16,8 +16,8 @@ from mlxspec.decoding.draft import Drafter
 from mlxspec.decoding.prompt_cache import PromptCache, Reuse
 from mlxspec.drafting.draft_model import DraftModelDrafter
 from mlxspec.drafting.factory import make_drafter
-from mlxspec.drafting.suffix_index import DEFAULT_SUFFIX_BUDGET, SuffixIndex
 from mlxspec.drafting.lookup import PromptLookupDrafter
+from mlxspec.drafting.suffix_index import DEFAULT_SUFFIX_BUDGET, SuffixIndex
 from mlxspec.errors import UserError
 from mlxspec.kernels import verify as verify_kernel
 from mlxspec.loading import LoadedModel, check_compatible
