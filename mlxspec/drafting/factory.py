@@ -26,7 +26,8 @@ def make_drafter(
 ) -> Drafter | None:
     """The drafter `options` ask for: a DFlash block drafter, a feature head (EAGLE or MTP) or Medusa heads (on
     target_model), or a draft model, optionally behind prompt lookup (with its corpus table `successors`, and with
-    options.suffix the shared `suffix_index` of earlier requests); None decodes plainly. The one place drafters are wired."""
+    options.suffix the shared `suffix_index` of earlier requests); None decodes plainly. The one place drafters are
+    wired."""
     sampling, depth = options.sampling, options.depth
     max_nodes = options.tree_nodes or depth * options.tree_topk  # the node budget of a dynamic tree or a DDTree
     model_drafter: Drafter | None = None
