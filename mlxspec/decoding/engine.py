@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import mlx.core as mx
@@ -13,8 +12,8 @@ from mlxspec.cache.recurrent import Snapshot, recurrent_leaves, rewind, snapshot
 from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
 from mlxspec.decoding.acceptance import accept_node_samples, accept_sampled_chain
 from mlxspec.decoding.draft import Draft, Drafter
+from mlxspec.decoding.forward import PREFILL, EngineState, ForwardRequest, Phases, StepResult, drive
 from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
-from mlxspec.decoding.target_features import forward_with_hidden
 from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
 
 
@@ -32,29 +31,6 @@ class Ranks(Protocol):
 def to_host(values: mx.array) -> list[int]:
     """The engine's host sync: one per step, two on sharded ranks (distributed.same_draft); tests count calls."""
     return values.tolist()
-
-
-@dataclass
-class EngineState:
-    """What a finished run leaves for the next one (prompt_cache.py): a typed snapshot of the engine, taken with any
-    deferred replay fed, so the target cache holds exactly history[:position]."""
-
-    history: list[int]  # every committed token: the prompt, then the generated ones
-    position: int  # tokens the target cache holds
-    cache: list  # the target cache
-    cache_spec: CacheSpec
-    recurrent: bool  # the cache has recurrent layers (they are reused whole or from prompt_snapshot, never trimmed)
-    prompt_snapshot: tuple[int, Snapshot] | None  # (position, recurrent state) at the end of the prompt's prefill
-    drafter: Drafter | None
-
-
-@dataclass
-class StepResult:
-    tokens: list[int]  # accepted drafts, then the target's own token
-    drafted: int  # tokens (chain) or nodes (tree) proposed
-    accepted: int
-    proposed: list[int] = field(default_factory=list)  # the drafted node tokens as host ints, BFS order
-    path: list[int] = field(default_factory=list)  # kept drafted nodes (rows of this step's forward), root excluded
 
 
 class SpeculativeEngine:
@@ -114,6 +90,7 @@ class SpeculativeEngine:
         self.position = 0
         self.history: list[int] = []  # every committed token: the prompt, then each step's tokens
         self.mid_step = False  # True while a step runs: an exception there leaves the caches unusable
+        self.batched = False  # True: a batch driver runs this row's forwards (no plain forward queued ahead)
         self.prompt_snapshot: tuple[int, Snapshot] | None = None  # recurrent targets: the state after prefill
         self.target_calls = 0
         # Medusa, feature heads and block drafters draft from the target's own features (its final hidden states,
@@ -130,19 +107,24 @@ class SpeculativeEngine:
 
         reused: the target cache already holds prompt[:reused] (kept from an earlier run); drafter_reused: the
         drafter's state already covers that many (see Drafter.reusable)."""
+        drive(self.prefill_phases(prompt, reused, drafter_reused))
+
+    def prefill_phases(self, prompt: list[int], reused: int = 0, drafter_reused: int = 0) -> Phases:
+        """prefill, one forward request per chunk (a batch driver runs them between other rows' steps)."""
         self.mid_step = True  # until the prompt is in: an exception in between leaves the caches half-fed
         self.position, self.history = reused, list(prompt)
         todo = list(prompt[reused:-1])
         hidden = []
         for start in range(0, len(todo), self.prefill_chunk):
-            chunk = mx.array(todo[start : start + self.prefill_chunk])[None]
+            chunk = mx.array(todo[start : start + self.prefill_chunk])
+            taps = self.taps if self.wants_hidden else None
+            _, rows = yield ForwardRequest(self.target, chunk, self.cache, taps, alone=True, kind=PREFILL)
             if self.wants_hidden:
-                hidden.append(forward_with_hidden(self.target, chunk, self.cache, self.taps)[0][0])
+                hidden.append(rows)
                 mx.eval(hidden[-1], [c.state for c in self.cache])
             else:
-                self.target(chunk, cache=self.cache)
                 mx.eval([c.state for c in self.cache])
-            self.position += chunk.shape[1]
+            self.position += chunk.shape[0]
         self.pending = [prompt[-1]]
         if self.recurrent:  # free (references): a later prompt sharing this one's prefix may start from here
             self.prompt_snapshot = (self.position, snapshot(self.recurrent))
@@ -189,6 +171,10 @@ class SpeculativeEngine:
 
     def step(self, max_new_tokens: int) -> StepResult:
         """One draft-verify-accept round emitting between 1 and (draft depth + 1) tokens, at most max_new_tokens."""
+        return drive(self.step_phases(max_new_tokens))
+
+    def step_phases(self, max_new_tokens: int) -> Phases:
+        """step, yielding its target forward as a request (batch.py batches the requests of many rows)."""
         self.mid_step = True
         self._mark_time = started = time.perf_counter()
         draft_key = accept_key = None
@@ -208,11 +194,11 @@ class SpeculativeEngine:
             draft = self.ranks.same_draft(draft, self.cache_spec.max_rollback)
         self._mark("draft", None if draft is None else draft.tokens)
         if draft is None:
-            result = self._plain_step(accept_key, max_new_tokens)
+            result = yield from self._plain_step(accept_key, max_new_tokens)
         elif draft.probs is not None:
-            result = self._verify_sampled_chain(draft, accept_key)
+            result = yield from self._verify_sampled_chain(draft, accept_key)
         else:
-            result = self._verify_deterministic(draft, accept_key)
+            result = yield from self._verify_deterministic(draft, accept_key)
         self.target_calls += 1
         if self.controller is not None:
             self.controller.update(result.drafted, result.accepted)
@@ -226,7 +212,7 @@ class SpeculativeEngine:
         self.mid_step = False
         return result
 
-    def _target_logits(self, draft: Draft | None) -> mx.array:
+    def _target_logits(self, draft: Draft | None, alone: bool = False) -> Phases:
         """[N, V] target logits after the pending token and each drafted node; feeds them all to the cache."""
         if len(self.replay) > self.max_merged_replay:
             self._feed_replay_alone()
@@ -236,15 +222,15 @@ class SpeculativeEngine:
             inputs = mx.concatenate([inputs, draft.tokens])
         if self.recurrent:
             self._before = snapshot(self.recurrent)
+        taps = self.taps if self.wants_hidden else None
+        alone = alone or bool(self.recurrent) or self.ranks is not None or self.first_token_mask is not None
+        logits, hidden = yield ForwardRequest(self.target, inputs, self.cache, taps, alone=alone)
         if self.wants_hidden:
-            hidden, logits = forward_with_hidden(self.target, inputs[None], self.cache, self.taps)
-            self._hidden = hidden[0, skip:]
-        else:
-            logits = self.target(inputs[None], cache=self.cache)
+            self._hidden = hidden[skip:]
         self._count_forward(inputs.shape[0])
         self.position += inputs.shape[0]
         self.replay, self.replayed = [], self.replayed + skip
-        logits = logits[0, skip:]  # the replayed rows predict tokens already emitted
+        logits = logits[skip:]  # the replayed rows predict tokens already emitted
         if self.first_token_mask is not None:
             vocab = min(logits.shape[-1], self.first_token_mask.shape[0])
             allowed = mx.concatenate(
@@ -286,10 +272,10 @@ class SpeculativeEngine:
         probs, short = to_probs_checked(logits, self.sampling)
         return sample(probs, key, False), short.any()
 
-    def _plain_step(self, key: mx.array | None, max_new_tokens: int) -> StepResult:
+    def _plain_step(self, key: mx.array | None, max_new_tokens: int) -> Phases:
         """One token with no draft. When the next step will be plain too, its forward is queued on this step's
         lazy token before the sync, so graph building overlaps computing (as mlx-lm's generate_step does)."""
-        logits = self._prefetched if self._prefetched is not None else self._target_logits(None)
+        logits = self._prefetched if self._prefetched is not None else (yield from self._target_logits(None))
         self._mark("verify", logits)
         token, short = self._target_samples(logits[-1:], key, ranked=not self.rollback_ok)
         self._mark("target probs", token)
@@ -337,15 +323,15 @@ class SpeculativeEngine:
     def _next_is_plain(self) -> bool:
         """Whether the next step is certain to be plain decoding, so its forward can be queued now: no drafter, one
         that cannot pay, or a paused controller that promises it (plain_next commits the promise)."""
-        if self.wants_hidden or self.first_token_mask is not None or self.ranks is not None:
+        if self.wants_hidden or self.first_token_mask is not None or self.ranks is not None or self.batched:
             return False  # (sharded: a queued forward would feed this rank's token before the ranks agree on it)
         if self.drafter is None or (self.controller is not None and not self.controller.can_win):
             return True
         return self.controller is not None and self.controller.plain_next()
 
-    def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> StepResult:
+    def _verify_sampled_chain(self, draft: Draft, key: mx.array) -> Phases:
         num_draft = draft.tokens.shape[0]
-        logits = self._target_logits(draft)
+        logits = yield from self._target_logits(draft)
         self._mark("verify", logits)
         target_probs, short = to_probs_checked(logits, self.sampling)
         self._mark("target probs", target_probs)
@@ -365,17 +351,17 @@ class SpeculativeEngine:
         kept = list(range(1, num_accepted + 1))
         return StepResult(proposed[:num_accepted] + [next_token], num_draft, num_accepted, proposed, kept)
 
-    def _verify_deterministic(self, draft: Draft, key: mx.array | None) -> StepResult:
+    def _verify_deterministic(self, draft: Draft, key: mx.array | None) -> Phases:
         """A deterministic chain or tree (greedy drafts, prompt lookup, top-k trees, Medusa), verified node by node.
 
         A chain needs no tree machinery: the causal mask is its ancestor mask and rollback is moving the offset."""
         shape, prefix = draft.tree, self.position
         if shape.is_chain:
-            logits = self._target_logits(draft)
+            logits = yield from self._target_logits(draft)
         else:
             assert not self.recurrent, "trees need per-branch recurrent state; the API drafts chains for these"
-            with tree_verification(self.target, self.cache, shape, prefix):
-                logits = self._target_logits(draft)
+            with tree_verification(self.target, self.cache, shape, prefix):  # alone: the model is patched meanwhile
+                logits = yield from self._target_logits(draft, alone=True)
         self._mark("verify", logits)
         samples, short = self._target_samples(logits, key)
         self._mark("target probs", samples)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from mlxspec.cache.recurrent import copy_prefix, rewind, trim_attention
 from mlxspec.cache.rollback import CacheSpec
 from mlxspec.decoding.draft import Drafter, common_prefix
-from mlxspec.decoding.engine import EngineState
+from mlxspec.decoding.forward import EngineState
 
 # How the target's state was reused, for Stats.prompt_cache and usage.
 COLD = "cold"  # nothing kept shares a prefix with the prompt, or was built for other options

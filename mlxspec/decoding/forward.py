@@ -1,0 +1,80 @@
+"""The target forwards a speculative step asks for, as values: so one driver can run a row's forward alone, and a
+batch driver (batch.py) can run the forwards of many rows as one batched forward.
+
+A step is a generator (SpeculativeEngine.step_phases) that yields a ForwardRequest where it needs the target's
+logits, receives (logits, hidden), and returns its StepResult. `drive` runs one such generator with every forward
+alone: that is SpeculativeEngine.step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxspec.cache.recurrent import Snapshot
+from mlxspec.cache.rollback import CacheSpec
+from mlxspec.decoding.draft import Drafter
+from mlxspec.decoding.target_features import forward_with_hidden
+
+PREFILL, STEP = "prefill", "step"
+
+
+@dataclass
+class ForwardRequest:
+    """One forward of one row: `inputs` [L] fed to its own `cache`."""
+
+    model: nn.Module
+    inputs: mx.array  # [L] int32
+    cache: list
+    taps: tuple[int, ...] | None = None  # None: logits only; else the hidden state (() final, or tapped layers)
+    alone: bool = False  # must run by itself, now (a tree's mask and positions, recurrent state, a prefill chunk)
+    kind: str = STEP  # PREFILL: a prompt chunk (its logits are not read); STEP: a speculative step's forward
+
+
+Reply = tuple[mx.array, mx.array | None]  # (logits [L, V], hidden [L, D'] or None)
+Phases = Generator[ForwardRequest, Reply, Any]
+
+
+def run_alone(request: ForwardRequest) -> Reply:
+    """The request's forward by itself, as batch size 1."""
+    if request.taps is not None:
+        hidden, logits = forward_with_hidden(request.model, request.inputs[None], request.cache, request.taps)
+        return logits[0], hidden[0]
+    return request.model(request.inputs[None], cache=request.cache)[0], None
+
+
+def drive(phases: Phases) -> Any:
+    """Run a generator of forward requests with every forward alone; its return value."""
+    reply = None
+    try:
+        while True:
+            reply = run_alone(phases.send(reply))
+    except StopIteration as done:
+        return done.value
+
+
+@dataclass
+class EngineState:
+    """What a finished run leaves for the next one (prompt_cache.py): a typed snapshot of the engine, taken with any
+    deferred replay fed, so the target cache holds exactly history[:position]."""
+
+    history: list[int]  # every committed token: the prompt, then the generated ones
+    position: int  # tokens the target cache holds
+    cache: list  # the target cache
+    cache_spec: CacheSpec
+    recurrent: bool  # the cache has recurrent layers (they are reused whole or from prompt_snapshot, never trimmed)
+    prompt_snapshot: tuple[int, Snapshot] | None  # (position, recurrent state) at the end of the prompt's prefill
+    drafter: Drafter | None
+
+
+@dataclass
+class StepResult:
+    tokens: list[int]  # accepted drafts, then the target's own token
+    drafted: int  # tokens (chain) or nodes (tree) proposed
+    accepted: int
+    proposed: list[int] = field(default_factory=list)  # the drafted node tokens as host ints, BFS order
+    path: list[int] = field(default_factory=list)  # kept drafted nodes (rows of this step's forward), root excluded
