@@ -13,7 +13,9 @@ from mlxspec.cache.rollback import CacheSpec, rollback_room
 from mlxspec.chat_template import encode_messages
 from mlxspec.decoding.assembly import build_engine
 from mlxspec.decoding.draft import Drafter
+from mlxspec.decoding.forward import drive_alone
 from mlxspec.decoding.prompt_cache import PromptCache, Reuse
+from mlxspec.drafting.describe import describe_drafter
 from mlxspec.drafting.draft_model import DraftModelDrafter
 from mlxspec.drafting.factory import make_drafter
 from mlxspec.drafting.lookup import PromptLookupDrafter
@@ -22,39 +24,8 @@ from mlxspec.errors import UserError
 from mlxspec.kernels import verify as verify_kernel
 from mlxspec.loading import LoadedModel, check_compatible
 from mlxspec.options import DecodeOptions
-from mlxspec.results import Chunk, GenerationResult, Stats, mode_name
+from mlxspec.results import Chunk, GenerationResult, Stats
 from mlxspec.text import TextStream, encodable
-
-
-def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
-    """What drafted, by results.mode_name, for -v, --json and stats.mode."""
-    from mlxspec.drafting.dflash import DFlashDrafter
-    from mlxspec.drafting.feature_drafter import FeatureDrafter
-    from mlxspec.drafting.hydra import HydraDrafter
-    from mlxspec.drafting.medusa import MedusaDrafter
-
-    if drafter is None:
-        return "plain"
-    inner = getattr(drafter, "model", None) if hasattr(drafter, "lookup") else None  # lookup backed by a drafter
-    alone = inner or drafter
-    if isinstance(alone, FeatureDrafter):
-        kind = alone.wired.head.config.kind if alone.wired.head.config.kind in ("eagle", "eagle3") else "mtp"
-    else:
-        names = {
-            DraftModelDrafter: "draft",
-            PromptLookupDrafter: "lookup",
-            MedusaDrafter: "medusa",
-            HydraDrafter: "medusa",  # Hydra heads load with --medusa; their config names the style
-            DFlashDrafter: "dflash",
-        }
-        kind = names.get(type(alone), type(alone).__name__)
-    if inner is not None:
-        kind = f"lookup+{kind}"
-    if isinstance(drafter, PromptLookupDrafter):
-        return mode_name(kind, lookup_candidates=options.lookup_candidates)
-    nodes = alone.max_nodes if isinstance(alone, (FeatureDrafter, DFlashDrafter)) else 0
-    depth = min(options.depth, alone.max_depth or options.depth)  # Medusa guesses no deeper than its heads
-    return mode_name(kind, depth=depth, tree_topk=options.tree_topk, tree_nodes=nodes)
 
 
 class Speculator:
@@ -172,12 +143,21 @@ class Speculator:
         `options` (default: this Speculator's) with `changes` applied, e.g. stream(p, temperature=0.7, lookup=True);
         see DecodeOptions for every field.
         """
+        stats = self.last_stats = Stats()
+        yield from drive_alone(self.events(prompt, self.call_options(options, changes), stats))
+
+    def call_options(self, options: DecodeOptions | None, changes: dict) -> DecodeOptions:
+        """This call's options: `options` (default: this Speculator's) with `changes`, validated."""
         if options is not None and not isinstance(options, DecodeOptions):
             raise UserError(
                 f"options {options!r} is a {type(options).__name__}; pass a DecodeOptions, or its fields as keywords"
             )
-        options = (options or self.options).updated(**changes).validate(self.vocab_size)
-        stats = self.last_stats = Stats()
+        return (options or self.options).updated(**changes).validate(self.vocab_size)
+
+    def events(self, prompt: str | list[int], options: DecodeOptions, stats: Stats, batched: bool = False):
+        """One run as a generator of Chunks and of the target forwards it needs (forward.ForwardRequest), each
+        answered by whoever drives it: alone (stream) or batched with other runs' (batching.py). `stats` fills
+        as it goes."""
         tokens = self.fit_context(self.encode(prompt, options.chat), options, stats)
         stats.prompt_tokens = len(tokens)
         healed_text, first_token_mask = "", None
@@ -215,6 +195,7 @@ class Speculator:
             ranks=self.sharding,
             first_token_mask=first_token_mask,
         )
+        engine.batched = batched
         try:
             yield from self._run(engine, reuse, tokens, options, stats, healed_text)
         finally:  # finished, stopped by the caller, or failed: only a run that is between steps leaves a usable state
@@ -248,13 +229,13 @@ class Speculator:
         mx.reset_peak_memory()
         drafter = engine.drafter
         start = time.perf_counter()
-        engine.prefill(tokens, reuse.target_tokens, reuse.drafter_tokens)
+        yield from engine.prefill_phases(tokens, reuse.target_tokens, reuse.drafter_tokens)
         stats.prompt_seconds = time.perf_counter() - start
         text = TextStream(self.tokenizer, options.stop, options.stop_at_eos, skip=len(healed_text))
         start = time.perf_counter()
         finish = None
         while finish is None:
-            step = engine.step(options.max_tokens - stats.generated_tokens)
+            step = yield from engine.step_phases(options.max_tokens - stats.generated_tokens)
             stats.target_calls = engine.target_calls
             stats.sorted_fallbacks = engine.sorted_fallbacks
             stats.drafted += step.drafted
@@ -379,6 +360,15 @@ class Speculator:
 
             self._successors = corpus_successors(self.tokenizer, self.vocab_size)
         return self._successors
+
+    def generate_batch(
+        self, prompts: list, options: DecodeOptions | list[DecodeOptions] | None = None, max_batch: int | None = None
+    ) -> list[GenerationResult]:
+        """generate for every prompt, decoded together with one batched target forward a step (batching.py); each
+        row exact on its own. `options`: one for all, or one per prompt. Results in order."""
+        from mlxspec.batching import generate_batch
+
+        return generate_batch(self, prompts, options, max_batch)
 
     def generate(
         self, prompt: str | list[int], options: DecodeOptions | None = None, **changes: Any

@@ -78,3 +78,21 @@ class StepResult:
     accepted: int
     proposed: list[int] = field(default_factory=list)  # the drafted node tokens as host ints, BFS order
     path: list[int] = field(default_factory=list)  # kept drafted nodes (rows of this step's forward), root excluded
+
+
+def drive_alone(events: Generator) -> Generator:
+    """Yield a run's events (Chunks) with each forward request it makes answered alone; closing this closes it."""
+    reply = None
+    try:
+        while True:
+            try:
+                event = events.send(reply)
+            except StopIteration:
+                return
+            if isinstance(event, ForwardRequest):
+                reply = run_alone(event)
+            else:
+                reply = None
+                yield event
+    finally:
+        events.close()

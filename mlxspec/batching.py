@@ -1,0 +1,111 @@
+"""Continuous batching: many runs of one Speculator decoding together, one batched target forward a step.
+
+Each row is a run as Speculator.events gives it: its own options (sampling, seed, stops, max_tokens), drafter,
+target cache and prompt-cache entry. A round advances every row to its next speculative step's forward (each row
+drafts on its own), answers all those forwards with one batched forward (decoding/batch.py), and lets each row
+accept and roll back on its own. A row's prompt is fed one chunk per round, between the others' steps, so a long
+prompt does not stall the rows already decoding. Rows join between rounds and leave when they finish; an error in
+one row (its drafter raising, say) ends that row alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxspec.decoding.batch import run_all
+from mlxspec.decoding.forward import PREFILL, ForwardRequest, Reply, run_alone
+from mlxspec.results import Chunk, GenerationResult, Stats
+
+
+@dataclass
+class Row:
+    events: Generator
+    stats: Stats
+    on_chunk: Callable[[Chunk], None]
+    reply: Reply | None = None
+    request: ForwardRequest | None = None  # the step forward this row waits on
+    done: bool = False
+    error: BaseException | None = None
+    pieces: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    finish: str | None = None
+
+
+class BatchRows:
+    """The rows decoding together; `round()` runs one step of every row."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+
+    def add(self, events: Generator, stats: Stats, on_chunk: Callable[[Chunk], None] = lambda chunk: None) -> Row:
+        row = Row(events, stats, on_chunk)
+        self.rows.append(row)
+        return row
+
+    def drop(self, row: Row) -> None:
+        """Stop a row now (its client left): its run ends as a stopped stream does, keeping its caches."""
+        row.events.close()
+        row.done = True
+        self.rows.remove(row)
+
+    def round(self) -> list[Row]:
+        """Advance every row by one step (or one prompt chunk); the rows that finished or failed, removed."""
+        waiting = [row for row in self.rows if self._advance(row)]
+        for row, reply in zip(waiting, run_all([row.request for row in waiting])):
+            row.reply, row.request = reply, None
+        finished = [row for row in self.rows if row.done]
+        self.rows = [row for row in self.rows if not row.done]
+        return finished
+
+    def _advance(self, row: Row) -> bool:
+        """Run `row` up to its next step forward (True: it waits for it) or to its end (False)."""
+        try:
+            while True:
+                event = row.events.send(row.reply)
+                row.reply = None
+                if isinstance(event, Chunk):
+                    row.pieces.append(event.text)
+                    row.tokens.extend(event.tokens)
+                    row.finish = event.finish_reason or row.finish
+                    row.on_chunk(event)
+                elif event.alone or event.kind == PREFILL:
+                    row.reply = run_alone(event)  # now: a tree's forward runs while the model is patched for it
+                    if event.kind == PREFILL:
+                        return False  # one prompt chunk a round; the reply is sent next round
+                else:
+                    row.request = event
+                    return True
+        except StopIteration:
+            row.done = True
+        except Exception as error:  # noqa: BLE001 - this row's failure, reported to its owner alone
+            row.error, row.done = error, True
+            row.events.close()
+        return False
+
+
+def generate_batch(speculator, prompts: list, options: Any = None, max_batch: int | None = None) -> list:
+    """Speculator.generate for every prompt, decoded together (at most max_batch at once); results in order.
+    `options`: one DecodeOptions for all, or one per prompt. A row that fails raises once all rows are done."""
+    per_row = options if isinstance(options, (list, tuple)) else [options] * len(prompts)
+    if len(per_row) != len(prompts):
+        from mlxspec.errors import UserError
+
+        raise UserError(f"{len(per_row)} options for {len(prompts)} prompts; pass one, or one per prompt")
+    runs = [speculator.call_options(o, {}) for o in per_row]  # every row's options checked before any runs
+    rows, results, waiting = BatchRows(), {}, list(range(len(prompts)))
+    index: dict[int, int] = {}
+    limit = max_batch or len(prompts)
+    while waiting or rows.rows:
+        while waiting and len(rows.rows) < limit:
+            i = waiting.pop(0)
+            stats = Stats()
+            index[id(rows.add(speculator.events(prompts[i], runs[i], stats, batched=True), stats))] = i
+        for row in rows.round():
+            results[index[id(row)]] = row
+    failed = next((results[i].error for i in range(len(prompts)) if results[i].error is not None), None)
+    if failed is not None:
+        raise failed
+    ordered = [results[i] for i in range(len(prompts))]
+    return [GenerationResult("".join(r.pieces), r.tokens, r.stats, r.finish) for r in ordered]
