@@ -1,0 +1,141 @@
+"""Continuous batching (batching.py, decoding/batch.py): every row exact on its own while others decode beside it.
+
+- a batched forward gives each row the logits its forward alone gives, over rows of different lengths and inputs
+  (the per-row mask and positions), and leaves each row's cache as a forward alone does;
+- greedy rows equal their solo runs token for token, across prompt lengths, K, drafters and stop points;
+- a sampled row's first tokens follow the target's law while other rows decode beside it (chi-square, with a
+  power check against a wrong law);
+- the caches a finished row leaves equal plain decoding's; a row whose drafter raises fails alone.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+from stats import ALPHA, chi_square_pvalue
+from test_engine_exactness import exact_joint
+from test_prompt_cache import assert_cache_equals_plain
+from tiny import make_tiny
+
+import mlxspec
+from mlxspec import DecodeOptions
+from mlxspec.batching import BatchRows
+from mlxspec.decoding.batch import run_all
+from mlxspec.decoding.forward import ForwardRequest, run_alone
+from mlxspec.results import Stats
+
+
+def test_a_batched_forward_gives_each_row_its_own_logits_and_cache():
+    model = make_tiny("llama", seed=0, logit_scale=3.0)
+    prompts, inputs = [[1, 2, 3], [4, 5, 6, 7, 1, 2], [3]], [[1, 2], [3], [4, 5, 6, 0]]
+    batched_caches, alone_caches = (
+        [make_prompt_cache(model) for _ in prompts],
+        [make_prompt_cache(model) for _ in prompts],
+    )
+    for prompt, a, b in zip(prompts, batched_caches, alone_caches):
+        model(mx.array(prompt)[None], cache=a)
+        model(mx.array(prompt)[None], cache=b)
+    replies = run_all([ForwardRequest(model, mx.array(x), c) for x, c in zip(inputs, batched_caches)])
+    for x, a, b, (logits, _) in zip(inputs, batched_caches, alone_caches, replies):
+        alone, _ = run_alone(ForwardRequest(model, mx.array(x), b))
+        assert logits.shape == alone.shape and mx.allclose(logits, alone, atol=1e-5).item()
+        assert a[0].offset == b[0].offset
+        for la, lb in zip(a, b):  # the positions each holds (past them: padding a later write overwrites)
+            for held, reference in ((la.keys, lb.keys), (la.values, lb.values)):
+                assert mx.allclose(held[..., : la.offset, :], reference[..., : lb.offset, :], atol=1e-5).item()
+    # Power: the same forward with one shared position and no per-row mask (what a batch without them computes).
+    padded = mx.array([[1, 2, 0, 0], [3, 0, 0, 0], [4, 5, 6, 0]])
+    shared = [make_prompt_cache(model) for _ in range(1)]
+    model(mx.array([[1, 2, 3, 4, 5, 6]]), cache=shared[0])
+    assert not mx.allclose(model(padded[:1], cache=shared[0])[0, :2], replies[0][0], atol=1e-3).item()
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return mlxspec.load(prompt_cache=8)
+
+
+PROMPTS = [
+    "import os\n",
+    "def main(argv):\n    parser = argparse.ArgumentParser(",
+    "class Point:\n    def __init__(self, x, y):\n",
+    "for i in range(10):\n",
+    '"""Utilities for reading configuration files."""\n\nimport json\n',
+]
+
+
+def test_greedy_rows_equal_their_solo_runs(embedded):
+    spec = embedded
+    options = [
+        DecodeOptions(max_tokens=40, num_draft=1, stop_at_eos=False),
+        DecodeOptions(max_tokens=33, num_draft=4, stop_at_eos=False),
+        DecodeOptions(max_tokens=40, use_draft=False, lookup=True, num_draft=6, stop_at_eos=False),
+        DecodeOptions(max_tokens=40, stop=["\n\n"], stop_at_eos=False),  # adaptive k, a stop string
+        DecodeOptions(max_tokens=40, num_draft=3, tree_topk=2, stop_at_eos=False),  # a tree: its forward alone
+    ]
+    solo = [mlxspec.load().generate(p, o) for p, o in zip(PROMPTS, options)]
+    batch = spec.generate_batch(PROMPTS, options)
+    for got, want in zip(batch, solo):
+        assert got.tokens == want.tokens and got.text == want.text and got.finish_reason == want.finish_reason
+        assert got.stats.mode == want.stats.mode
+    assert sum(r.stats.accepted for r in batch) > 0
+    assert batch[3].finish_reason == solo[3].finish_reason
+
+
+def test_the_caches_a_finished_row_leaves_equal_plain_decodings(embedded):
+    spec = embedded
+    spec.prompt_cache.clear()
+    spec.generate_batch(PROMPTS[:3], DecodeOptions(max_tokens=20, num_draft=3, stop_at_eos=False))
+    assert len(spec.prompt_cache.entries) == 3
+    for entry in list(spec.prompt_cache.entries):
+        spec.prompt_cache.entries = [entry]
+        assert_cache_equals_plain(spec)
+
+
+def test_a_sampled_row_follows_the_target_law_beside_other_rows(tiny_dirs):
+    """2000 batches, each a sampled row (T=1, 3 tokens, vocab 8) beside a greedy row and a sampled row with
+    another seed: the first row's counts against the enumerated law (false alarm 1e-3), and against the law of
+    another prompt (power: must be rejected)."""
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=2)
+    prompt, other, length = [1, 2, 1], [3, 3, 0, 1], 3
+    counts = np.zeros([8] * length)
+    for seed in range(2000):
+        rows = [
+            DecodeOptions(max_tokens=length, temperature=1.0, seed=seed, num_draft=2, stop_at_eos=False),
+            DecodeOptions(max_tokens=5, temperature=0.0, num_draft=3, stop_at_eos=False),
+            DecodeOptions(max_tokens=4, temperature=1.0, seed=seed + 10**6, num_draft=1, stop_at_eos=False),
+        ]
+        out = spec.generate_batch([prompt, other, other], rows)[0].tokens
+        counts[tuple(out)] += 1
+    target = spec.target.model
+    sampling = rows[0].sampling
+    assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
+    assert chi_square_pvalue(counts, exact_joint(target, other, sampling, length)) < ALPHA
+
+
+def test_a_row_whose_drafter_raises_fails_alone(embedded, monkeypatch):
+    """The second row's draft model runs out of memory mid-decode: that row ends with the error, and the rows
+    beside it finish with the tokens they give alone."""
+    from mlxspec.drafting.draft_model import DraftModelDrafter
+
+    spec = embedded
+    options = DecodeOptions(max_tokens=24, num_draft=3, stop_at_eos=False)
+    want = [spec.generate(p, options).tokens for p in PROMPTS[:3]]
+    doomed = spec.encode(PROMPTS[1])
+    original = DraftModelDrafter.propose
+
+    def propose(self, *args):
+        if list(self.history[: len(doomed)]) == doomed and len(self.history) > len(doomed) + 4:
+            raise MemoryError("out of memory")
+        return original(self, *args)
+
+    monkeypatch.setattr(DraftModelDrafter, "propose", propose)
+    rows = BatchRows()
+    added = [rows.add(spec.events(p, options, Stats(), batched=True), Stats()) for p in PROMPTS[:3]]
+    while rows.rows:
+        rows.round()
+    assert isinstance(added[1].error, MemoryError) and len(added[1].tokens) > 4
+    assert added[0].tokens == want[0] and added[2].tokens == want[2]
+    assert added[0].error is None and added[2].error is None
+    with pytest.raises(MemoryError):
+        spec.generate_batch(PROMPTS[:3], options)
