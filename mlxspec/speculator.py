@@ -154,10 +154,10 @@ class Speculator:
             )
         return (options or self.options).updated(**changes).validate(self.vocab_size)
 
-    def events(self, prompt: str | list[int], options: DecodeOptions, stats: Stats, batched: bool = False):
+    def events(self, prompt: str | list[int], options: DecodeOptions, stats: Stats, batched: Any = None):
         """One run as a generator of Chunks and of the target forwards it needs (forward.ForwardRequest), each
         answered by whoever drives it: alone (stream) or batched with other runs' (batching.py). `stats` fills
-        as it goes."""
+        as it goes; `batched()` says whether other rows decode beside this one."""
         tokens = self.fit_context(self.encode(prompt, options.chat), options, stats)
         stats.prompt_tokens = len(tokens)
         healed_text, first_token_mask = "", None
@@ -195,7 +195,8 @@ class Speculator:
             ranks=self.sharding,
             first_token_mask=first_token_mask,
         )
-        engine.batched = batched
+        if batched is not None:
+            engine.batched = batched
         try:
             yield from self._run(engine, reuse, tokens, options, stats, healed_text)
         finally:  # finished, stopped by the caller, or failed: only a run that is between steps leaves a usable state

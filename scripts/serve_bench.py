@@ -6,6 +6,8 @@ both where Debian's is installed (mlxspec re-executes itself with it anyway).
                                                                    # sequential run, latency and TTFT percentiles
   python scripts/serve_bench.py ttft                               # second-turn TTFT: reused prefix vs cold
   python scripts/serve_bench.py compare --model M --draft D -k 3   # mlxspec serve vs mlx_lm.server, same draft
+  python scripts/serve_bench.py batch --requests 4                 # 1/2/4/8 clients: mlxspec --max-batch 8 vs
+                                                                   # --max-batch 1 vs mlx_lm.server (no draft)
 
 Prompts are the openings of held-out stdlib files (models/heldout_files.txt). Writes one JSON object to --out.
 """
@@ -220,9 +222,38 @@ def decode_speed(server: Server, count: int, max_tokens: int, temperature: float
     return {"temperature": temperature, "tok_s_median": median, "ttft_s": percentiles(ttfts), "texts": texts}
 
 
+def batch_table(args, logs: Path) -> list[dict]:
+    """Aggregate tok/s, TTFT and latency at 1, 2, 4 and 8 clients, each server in turn (one server at a time, so
+    they never share the cores): mlxspec batching, mlxspec one at a time, and mlx_lm.server's batched plain
+    decoding (no draft: it turns batching off for a draft model)."""
+    servers = [
+        ("mlxspec --max-batch 8", "mlxspec", args.draft, ["--max-batch", "8"]),
+        ("mlxspec --max-batch 1", "mlxspec", args.draft, ["--max-batch", "1"]),
+        ("mlx_lm.server (batched, no draft)", "mlx_lm", None, []),
+    ]
+    rows = []
+    for name, kind, draft, extra in servers:
+        server = Server(kind, args.model, draft, args.k, extra, logs / f"serve_bench_batch_{kind}.log")
+        try:
+            for clients in (1, 2, 4, 8):
+                load = load_check(server, clients, args.requests, args.max_tokens)
+                row = {"server": name, "command": server.command, **load}
+                rows.append(row)
+                print(
+                    f"{name:36s} clients={clients} {load['throughput_tok_s']:6.1f} tok/s  ttft p50 "
+                    f"{load['ttft_s']['p50']:.2f} p90 {load['ttft_s']['p90']:.2f}  latency p50 "
+                    f"{load['latency_s']['p50']:.2f} p90 {load['latency_s']['p90']:.2f}  exact "
+                    f"{load['exact']}/{load['completed']} errors {len(load['errors'])}",
+                    flush=True,
+                )
+        finally:
+            server.stop()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["load", "ttft", "compare"])
+    parser.add_argument("what", choices=["load", "ttft", "compare", "batch"])
     parser.add_argument("--model", default=None, help="[default: the embedded target]")
     parser.add_argument("--draft", default=None, help="[default: the embedded draft with the embedded target]")
     parser.add_argument("-k", type=int, default=None, help="draft length [default: mlxspec's auto]")
@@ -236,6 +267,11 @@ def main() -> None:
     report: dict = {"what": args.what, "machine": machine, "argv": sys.argv[1:]}
     logs = ROOT / "runs"
     logs.mkdir(exist_ok=True)
+    if args.what == "batch":
+        report["batch"] = batch_table(args, logs)
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+        return
     kinds = ["mlxspec", "mlx_lm"] if args.what == "compare" else ["mlxspec"]
     for kind in kinds:
         draft = args.draft or ("models/draft" if kind == "mlx_lm" and args.model is None else None)

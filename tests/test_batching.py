@@ -131,7 +131,7 @@ def test_a_row_whose_drafter_raises_fails_alone(embedded, monkeypatch):
 
     monkeypatch.setattr(DraftModelDrafter, "propose", propose)
     rows = BatchRows()
-    added = [rows.add(spec.events(p, options, Stats(), batched=True), Stats()) for p in PROMPTS[:3]]
+    added = [rows.add(spec.events(p, options, Stats(), rows.crowded), Stats()) for p in PROMPTS[:3]]
     while rows.rows:
         rows.round()
     assert isinstance(added[1].error, MemoryError) and len(added[1].tokens) > 4

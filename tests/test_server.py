@@ -57,6 +57,8 @@ def server(tmp_path_factory):
         KEY,
         "--max-queue",
         "1",
+        "--max-batch",
+        "2",
         "--max-body-bytes",
         str(MAX_BODY),
         "-v",
@@ -365,9 +367,11 @@ def test_a_missing_or_wrong_key_gets_a_401(server):
 
 
 def test_a_full_queue_gets_a_503_and_a_disconnect_frees_the_worker(client, server):
-    # One long stream runs; a second request waits (--max-queue 1); a third finds the queue full.
-    running = chat(client, max_tokens=450, temperature=1.0, seed=12345, stream=True)
-    next(iter(running))
+    # Two long streams decode together (--max-batch 2); a third request waits (--max-queue 1); a fourth finds the
+    # queue full.
+    running = [chat(client, max_tokens=450, temperature=1.0, seed=12345 + i, stream=True) for i in range(2)]
+    for stream in running:
+        next(iter(stream))
     waited = {}
     waiter = threading.Thread(target=lambda: waited.update(reply=chat(client, max_tokens=2)))
     waiter.start()
@@ -377,15 +381,50 @@ def test_a_full_queue_gets_a_503_and_a_disconnect_frees_the_worker(client, serve
     with pytest.raises(openai.InternalServerError) as refused:
         chat(client, max_tokens=2)
     assert refused.value.status_code == 503
-    # Disconnect mid-stream: the generation stops at its next step, the waiting request runs, the server goes on.
-    running.close()
+    # Disconnect mid-stream: the generations stop at their next step, the waiting request runs, the server goes on.
+    for stream in running:
+        stream.close()
     waiter.join(timeout=HANG_LIMIT)
     assert waited["reply"].usage.completion_tokens == 2
     assert chat(client, max_tokens=3).usage.completion_tokens == 3
     assert health(server) == {"status": "ok", "model": "mlxspec-embedded", "busy": False, "waiting": 0}
-    # The closed stream's stats line: it stopped well short of the 450 tokens it asked for.
-    line = next(line for line in server.log.read_text().splitlines() if " seed=12345 " in line)
-    assert int(line.split(" tokens=")[1].split()[0]) < 300, line
+    # The closed streams' stats lines: they stopped well short of the 450 tokens they asked for.
+    for i in range(2):
+        line = next(line for line in server.log.read_text().splitlines() if f" seed={12345 + i} " in line)
+        assert int(line.split(" tokens=")[1].split()[0]) < 300, line
+
+
+def test_concurrent_requests_decode_together_each_as_it_would_alone(client, server):
+    """Clients at once (two rows batched, one waiting its turn): each answer, greedy or sampled with its seed,
+    equals the one it gets alone; a client leaves mid-stream and the others' answers do not change."""
+    asks = [
+        dict(content="import os\n", max_tokens=24, temperature=0),
+        dict(content="class Point:\n", max_tokens=17, temperature=0.7, seed=3),
+        dict(content="def main(argv):\n", max_tokens=30, temperature=0, stop=["\n\n"]),
+        dict(content="for i in range(10):\n", max_tokens=12, temperature=1.0, seed=9),
+    ]
+    alone = [chat(client, **ask).choices[0].message.content for ask in asks]
+    together: dict[int, str] = {}
+
+    def ask(i):
+        try:
+            together[i] = chat(client, **asks[i]).choices[0].message.content
+        except Exception as error:  # reported by the assertion below
+            together[i] = f"{type(error).__name__}: {error}"
+
+    for pair, leaving in (((0, 1), True), ((2, 3), False)):  # (the server holds 2 rows and 1 waiting request)
+        leaver = chat(client, max_tokens=400, temperature=1.0, seed=77, stream=True) if leaving else None
+        if leaver is not None:
+            next(iter(leaver))
+        threads = [threading.Thread(target=ask, args=(i,)) for i in pair]
+        for thread in threads:
+            thread.start()
+        if leaver is not None:
+            time.sleep(0.5)
+            leaver.close()
+        for thread in threads:
+            thread.join(timeout=HANG_LIMIT)
+    assert [together[i] for i in range(len(asks))] == alone
 
 
 def test_serve_without_its_extra_says_how_to_install_it(tmp_path):

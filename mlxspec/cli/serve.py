@@ -59,6 +59,13 @@ def served_model_id(model: str | None) -> str:
     help="A longer request body gets 413 before it is read further.",
 )
 @click.option("--model-id", default=None, help="The model id clients see [default: the --model name].")
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="Requests decoding together (continuous batching, exact per request); 1 runs them one at a time.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Print a stats line per request to stderr.")
 def serve(**p) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions), speculatively
@@ -86,6 +93,7 @@ def serve(**p) -> None:
         api_key=api_key.strip() if api_key else None,  # a key with spaces around it could never be sent back
         max_body_bytes=p["max_body_bytes"],
         max_queue=p["max_queue"],
+        max_batch=p["max_batch"],
         max_context=p["max_context"],
         verbose=p["verbose"],
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import mlx.core as mx
@@ -90,7 +91,9 @@ class SpeculativeEngine:
         self.position = 0
         self.history: list[int] = []  # every committed token: the prompt, then each step's tokens
         self.mid_step = False  # True while a step runs: an exception there leaves the caches unusable
-        self.batched = False  # True: a batch driver runs this row's forwards (no plain forward queued ahead)
+        # True while a batch driver runs other rows beside this one: a plain step then queues no forward of its own
+        # ahead (it would miss the batched forward); alone, it does.
+        self.batched: Callable[[], bool] = lambda: False
         self.prompt_snapshot: tuple[int, Snapshot] | None = None  # recurrent targets: the state after prefill
         self.target_calls = 0
         # Medusa, feature heads and block drafters draft from the target's own features (its final hidden states,
@@ -323,7 +326,7 @@ class SpeculativeEngine:
     def _next_is_plain(self) -> bool:
         """Whether the next step is certain to be plain decoding, so its forward can be queued now: no drafter, one
         that cannot pay, or a paused controller that promises it (plain_next commits the promise)."""
-        if self.wants_hidden or self.first_token_mask is not None or self.ranks is not None or self.batched:
+        if self.wants_hidden or self.first_token_mask is not None or self.ranks is not None or self.batched():
             return False  # (sharded: a queued forward would feed this rank's token before the ranks agree on it)
         if self.drafter is None or (self.controller is not None and not self.controller.can_win):
             return True

@@ -63,7 +63,7 @@ def serve(load: Callable[[], Any], config: ServeConfig, host: str, port: int) ->
     """Load (in the worker thread), then serve until SIGINT or SIGTERM."""
     check_port(host, port)  # before loading anything, and before saying where it serves
     closing = threading.Event()
-    worker = Worker(load, config.max_queue, config.verbose, closing)
+    worker = Worker(load, config.max_queue, config.verbose, closing, config.max_batch)
     worker.start()
     app = OpenAIServer(worker, config, closing).app()
     print(f"mlxspec: serving {config.model_id} at http://{host}:{port}/v1 (OpenAI API)", file=sys.stderr, flush=True)

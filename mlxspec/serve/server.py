@@ -1,7 +1,8 @@
 """`mlxspec serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn) in front of one Speculator.
 
-One worker thread owns MLX: it loads the model, then runs requests one at a time in arrival order (speculative
-decoding's regime, batch 1), keeping the prompt cache between them so a resent conversation prefills only its new
+One worker thread owns MLX: it loads the model, then decodes up to --max-batch requests together (continuous
+batching, batching.py: one batched target forward a step, each request exact on its own; 1 runs them one at a
+time in arrival order), keeping the prompt cache between them so a resent conversation prefills only its new
 turn. The HTTP handlers check, tokenize, queue and relay; a full queue answers 503, and a client that goes away
 stops its generation at the next step.
 """
@@ -42,7 +43,8 @@ POLL_SECONDS = 0.25  # how often a waiting handler checks whether its client is 
 class ServeConfig:
     model_id: str  # what /v1/models lists and every response names
     api_key: str | None = None
-    max_queue: int = 16  # requests waiting behind the running one; more get 503
+    max_queue: int = 16  # requests waiting behind the running ones; more get 503
+    max_batch: int = 8  # requests decoding together (continuous batching; 1: one at a time)
     max_context: int | None = None  # longest prompt in tokens a request may send (None: the model's context)
     max_body_bytes: int = 16 * 2**20  # a longer request body gets 413 before it is parsed
     verbose: bool = False
@@ -64,11 +66,19 @@ class Worker:
     """The thread that loads the Speculator and runs jobs FIFO. Events: chunk (a Chunk), done (Stats), error."""
 
     def __init__(
-        self, load: Callable[[], Any], max_queue: int, verbose: bool = False, closing: threading.Event | None = None
+        self,
+        load: Callable[[], Any],
+        max_queue: int,
+        verbose: bool = False,
+        closing: threading.Event | None = None,
+        max_batch: int = 1,
     ):
-        self._load, self.verbose = load, verbose
+        self._load, self.verbose, self.max_batch = load, verbose, max_batch
         self.closing = closing or threading.Event()  # set on shutdown: open and waiting jobs end with an error
-        self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.max_queue = max_queue
+        self.jobs: queue.Queue = queue.Queue()  # bounded by submit: max_queue beyond the batch's free rows
+        self.decoding = 0  # rows decoding now (batched)
+        self._submit_lock = threading.Lock()
         self.speculator: Any = None
         self.busy = False
         self._ready = threading.Event()
@@ -83,12 +93,13 @@ class Worker:
             raise self._error
 
     def submit(self, job: Job) -> None:
-        try:
+        with self._submit_lock:  # (handlers run on several threads)
+            free_rows = max(0, self.max_batch - self.decoding) if self.max_batch > 1 else 0
+            if self.jobs.qsize() >= self.max_queue + free_rows:
+                raise RequestError(
+                    f"the server is busy: {self.max_queue} requests are already waiting; retry later", status=503
+                )
             self.jobs.put_nowait(job)
-        except queue.Full:
-            raise RequestError(
-                f"the server is busy: {self.jobs.maxsize} requests are already waiting; retry later", status=503
-            ) from None
 
     def _main(self) -> None:
         try:
@@ -96,6 +107,8 @@ class Worker:
         except BaseException as error:  # reported by start(), in the main thread
             self._error = error
         self._ready.set()
+        if self._error is None and self.max_batch > 1:
+            self._batched()
         while self._error is None:
             job = self.jobs.get()
             self.busy = True
@@ -131,6 +144,53 @@ class Worker:
             if spec.prompt_cache is not None:
                 spec.prompt_cache.clear()
             job.emit("error", RequestError(f"generation failed: {type(error).__name__}: {error}", status=500))
+
+    def _batched(self) -> None:
+        """Continuous batching (batching.py): up to max_batch jobs decode together, admitted between steps."""
+        from mlxspec.batching import BatchRows
+        from mlxspec.results import Stats
+
+        rows, jobs = BatchRows(), {}
+        while True:
+            while len(rows.rows) < self.max_batch:
+                try:
+                    job = self.jobs.get(block=not rows.rows)
+                except queue.Empty:
+                    break
+                if job.cancelled.is_set():
+                    continue  # its client left while it waited
+                if self.closing.is_set():
+                    job.emit("error", shutting_down())
+                    continue
+                stats = Stats()
+                events = self.speculator.events(job.tokens, job.options, stats, rows.crowded)
+                jobs[id(rows.add(events, stats, lambda chunk, job=job: job.emit("chunk", chunk)))] = job
+            for row in list(rows.rows):  # a client gone, or the server stopping: its row leaves now
+                job = jobs[id(row)]
+                if job.cancelled.is_set() or self.closing.is_set():
+                    rows.drop(row)
+                    self._end(jobs.pop(id(row)), row)
+            self.busy, self.decoding = bool(rows.rows), len(rows.rows)
+            for row in rows.round():
+                self._end(jobs.pop(id(row)), row)
+            self.busy, self.decoding = bool(rows.rows), len(rows.rows)
+
+    def _end(self, job: Job, row) -> None:
+        """Tell a batched job's handler how its row ended: done, an error of its own, or the server stopping."""
+        gone = job.cancelled.is_set()  # read before "done": a stream read to its end marks its job cancelled
+        if self.closing.is_set() and not gone:
+            job.emit("error", shutting_down())
+        elif isinstance(row.error, UserError):
+            job.emit("error", RequestError(str(row.error)))
+        elif row.error is not None:
+            traceback.print_exception(row.error, file=sys.stderr)
+            if self.speculator.prompt_cache is not None:
+                self.speculator.prompt_cache.clear()
+            error = RequestError(f"generation failed: {type(row.error).__name__}: {row.error}", status=500)
+            job.emit("error", error)
+        else:
+            job.emit("done", row.stats)
+            self.log(row.stats, gone)
 
     def log(self, stats, cancelled: bool) -> None:
         if self.verbose:
