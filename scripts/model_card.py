@@ -233,6 +233,10 @@ def hydra_section(medusa: dict, sizes: dict) -> list[str]:
         f"{PRELOAD} mlxspec train-heads --kind hydra --out models/medusa --steps 700 --batch-size 8",
         "```",
         "",
+        "(The shipped run reused the continuations an EAGLE-3 training run had written, `greedy.npy`, `sampled.npy` "
+        "and `heldout.npy`: the same function with the same seeds and sizes makes them, so the command above "
+        "makes them again.)",
+        "",
         "Teacher-forced accuracy against the target's greedy token, on its greedy continuations of 32 held-out "
         "prompts (the sparse tree's estimates):",
         "",
