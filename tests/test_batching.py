@@ -139,3 +139,19 @@ def test_a_row_whose_drafter_raises_fails_alone(embedded, monkeypatch):
     assert added[0].error is None and added[2].error is None
     with pytest.raises(MemoryError):
         spec.generate_batch(PROMPTS[:3], options)
+
+
+def test_hybrid_target_rows_reject_at_different_depths_and_stay_exact(tmp_path):
+    """A Qwen3.5-style hybrid (recurrent and attention layers): its rows roll back by their own snapshots and
+    replay (their forwards run alone beside the batch); every row equals its solo run."""
+    from tiny import save_tiny_model_dir
+
+    target_dir = save_tiny_model_dir(tmp_path / "target", "qwen3_5")
+    draft_dir = save_tiny_model_dir(tmp_path / "draft", "qwen3_5", seed=1)
+    spec = mlxspec.load(target_dir, draft=draft_dir)
+    prompts = [[1, 2, 3, 4], [5, 0, 5, 0, 5, 0, 2], [6, 1]]
+    options = [DecodeOptions(max_tokens=14, num_draft=k, stop_at_eos=False) for k in (1, 3, 5)]
+    solo = [spec.generate(p, o) for p, o in zip(prompts, options)]
+    batch = spec.generate_batch(prompts, options)
+    assert [r.tokens for r in batch] == [r.tokens for r in solo]
+    assert len({r.stats.accepted for r in batch}) > 1  # the rows kept different numbers of drafts
