@@ -310,12 +310,12 @@ DYING_SCRIPT = """
 import os, sys
 if os.environ["MLX_RANK"] == "1":
     from mlxspec.decoding import engine
-    step = engine.SpeculativeEngine.step
+    step = engine.SpeculativeEngine.step_phases  # (the step the Speculator runs, as forward requests)
     def dying(self, *args, **kwargs):
         if self.target_calls == 1:
             os._exit(3)
-        return step(self, *args, **kwargs)
-    engine.SpeculativeEngine.step = dying
+        return (yield from step(self, *args, **kwargs))
+    engine.SpeculativeEngine.step_phases = dying
 from mlxspec.cli.main import main
 main(["mlxspec", *sys.argv[1:]])
 """
