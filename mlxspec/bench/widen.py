@@ -112,6 +112,15 @@ def widen(model: nn.Module, config: dict, spec: WidenSpec, seed: int = 0) -> tup
     return wide, new_config
 
 
+def _widen_halves(source: mx.array, shape: tuple[int, ...], d: int, width: int) -> mx.array:
+    """A [d, 2d] weight reading two d-wide inputs side by side, as [width, 2 * width] reading the live channels of
+    each width-wide input and writing the live channels."""
+    wide = mx.zeros(shape, source.dtype)
+    wide[:d, :d] = source[:, :d]
+    wide[:d, width : width + d] = source[:, d:]
+    return wide
+
+
 def widen_head(head, spec: WidenSpec):
     """An EAGLE head of the widened target with the same function: the widened target's features are the original
     ones zero-padded, so fc reads the live channels of [embedding ; feature] and writes the live channels; the block
@@ -128,10 +137,7 @@ def widen_head(head, spec: WidenSpec):
     out = {}
     for name, source in tree_flatten(head.parameters()):
         if name == "fc.weight":  # [d, 2d] -> [W, 2W]: the embedding half, then the feature half
-            wide_fc = mx.zeros(new[name].shape, source.dtype)
-            wide_fc[:d, :d] = source[:, :d]
-            wide_fc[:d, spec.width : spec.width + d] = source[:, d:]
-            out[name] = wide_fc
+            out[name] = _widen_halves(source, new[name].shape, d, spec.width)
         else:
             scaled = source * norm_scale if name.endswith("norm.weight") else source
             out[name] = _pad(scaled, new[name].shape)
@@ -212,10 +218,7 @@ def widen_medusa(heads, spec: WidenSpec):
     out = {}
     for name, source in tree_flatten(heads.parameters()):
         if name.endswith("mix.weight"):  # [d, 2d] -> [W, 2W]: the state half, then the embedding half
-            wide_mix = mx.zeros(new[name].shape, source.dtype)
-            wide_mix[:d, :d] = source[:, :d]
-            wide_mix[:d, W : W + d] = source[:, d:]
-            out[name] = wide_mix
+            out[name] = _widen_halves(source, new[name].shape, d, W)
         else:
             scaled = source * norm_scale if name.endswith("norm.weight") else source
             out[name] = _pad(scaled, new[name].shape)

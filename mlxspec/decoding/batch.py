@@ -57,10 +57,6 @@ class BatchedLayerCache:
             stacked_values.append(mx.pad(v, pad))
         return mx.concatenate(stacked_keys), mx.concatenate(stacked_values)
 
-    @property
-    def state(self):  # (mlx-lm helpers read a cache's state; the rows' own caches hold it)
-        return [c.state for c in self.rows]
-
 
 def run_batched(requests: list[ForwardRequest]) -> list[Reply]:
     """The requests' forwards as one (they share the model and what they read), each row's reply in order."""

@@ -17,7 +17,8 @@ import mlx.nn as nn
 
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.target_features import output_head, text_model
-from mlxspec.decoding.trees import TreeShape, rank_paths_parents, sparse_tree
+from mlxspec.decoding.trees import TreeShape, rank_paths_parents
+from mlxspec.drafting.medusa import rank_paths
 
 
 class HydraBlock(nn.Module):
@@ -78,13 +79,8 @@ class HydraDrafter(Drafter):
     def __init__(self, heads: HydraHeads, target: nn.Module, tree_nodes: int | None = None, tree_topk: int = 1):
         self.heads, self.base_head = heads, output_head(target)
         self.embed = text_model(target).model.embed_tokens
-        num_heads = heads.config.num_heads
-        self.max_depth = num_heads
-        if tree_topk > 1:
-            accuracy = heads.config.topk_accuracy or [[0.5 ** (r + 1) for r in range(tree_topk)]] * num_heads
-            self.paths = sparse_tree(accuracy, tree_nodes or 4 * tree_topk, tree_topk)
-        else:
-            self.paths = [(0,) * d for d in range(1, num_heads + 1)]
+        self.max_depth = heads.config.num_heads
+        self.paths = rank_paths(heads.config, tree_nodes, tree_topk)
         self.max_rank = 1 + max(max(p) for p in self.paths)
         self.max_nodes = len(self.paths)
         self.shape_parents = rank_paths_parents(self.paths)

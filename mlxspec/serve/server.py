@@ -137,13 +137,8 @@ class Worker:
             gone = job.cancelled.is_set()  # read before "done": a stream read to its end marks its job cancelled
             job.emit("done", spec.last_stats)
             self.log(spec.last_stats, gone)
-        except UserError as error:
-            job.emit("error", RequestError(str(error)))
         except Exception as error:
-            traceback.print_exc(file=sys.stderr)
-            if spec.prompt_cache is not None:
-                spec.prompt_cache.clear()
-            job.emit("error", RequestError(f"generation failed: {type(error).__name__}: {error}", status=500))
+            self._fail(job, error)
 
     def _batched(self) -> None:
         """Continuous batching (batching.py): up to max_batch jobs decode together, admitted between steps."""
@@ -180,17 +175,22 @@ class Worker:
         gone = job.cancelled.is_set()  # read before "done": a stream read to its end marks its job cancelled
         if self.closing.is_set() and not gone:
             job.emit("error", shutting_down())
-        elif isinstance(row.error, UserError):
-            job.emit("error", RequestError(str(row.error)))
         elif row.error is not None:
-            traceback.print_exception(row.error, file=sys.stderr)
-            if self.speculator.prompt_cache is not None:
-                self.speculator.prompt_cache.clear()
-            error = RequestError(f"generation failed: {type(row.error).__name__}: {row.error}", status=500)
-            job.emit("error", error)
+            self._fail(job, row.error)
         else:
             job.emit("done", row.stats)
             self.log(row.stats, gone)
+
+    def _fail(self, job: Job, error: Exception) -> None:
+        """A failed generation: the request's own mistake is a 400; anything else is a 500 with its traceback on
+        stderr, and the prompt cache is dropped (a failure may have left a kept cache half-fed)."""
+        if isinstance(error, UserError):
+            job.emit("error", RequestError(str(error)))
+            return
+        traceback.print_exception(error, file=sys.stderr)
+        if self.speculator.prompt_cache is not None:
+            self.speculator.prompt_cache.clear()
+        job.emit("error", RequestError(f"generation failed: {type(error).__name__}: {error}", status=500))
 
     def log(self, stats, cancelled: bool) -> None:
         if self.verbose:

@@ -29,7 +29,7 @@ from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 from mlxspec.train.eagle3 import eagle3_streams
 from mlxspec.train.loop import train_steps
-from mlxspec.train.medusa import HEAD_DECAY, check_lr, check_window
+from mlxspec.train.medusa import HEAD_DECAY, check_lr, check_room_for_heads, check_window
 
 MAX_RANK = 8  # ranks whose accuracy is recorded: the sparse tree's estimates
 
@@ -50,11 +50,7 @@ class HydraTrainConfig:
 
     def validate(self, context_length: int | None = None) -> None:
         check_lr(self.lr)
-        if self.seq_len < self.num_heads + 2:
-            raise UserError(
-                f"--seq-len {self.seq_len} leaves no targets for {self.num_heads} heads; "
-                f"use at least {self.num_heads + 2}"
-            )
+        check_room_for_heads(self.seq_len, self.num_heads)
         check_window(self.seq_len, "self-distill", context_length)
 
 

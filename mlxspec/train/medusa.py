@@ -47,12 +47,14 @@ class MedusaTrainConfig:
     def validate(self, context_length: int | None = None) -> None:
         """Refuse values that would crash or waste a run (a 100000-token window asks for hundreds of GB)."""
         check_lr(self.lr)
-        if self.seq_len < self.num_heads + 2:
-            raise UserError(
-                f"--seq-len {self.seq_len} leaves no targets for {self.num_heads} heads; "
-                f"use at least {self.num_heads + 2}"
-            )
+        check_room_for_heads(self.seq_len, self.num_heads)
         check_window(self.seq_len, self.data, context_length)
+
+
+def check_room_for_heads(seq_len: int, num_heads: int) -> None:
+    """Medusa and Hydra heads: a window must hold a target for the deepest head."""
+    if seq_len < num_heads + 2:
+        raise UserError(f"--seq-len {seq_len} leaves no targets for {num_heads} heads; use at least {num_heads + 2}")
 
 
 def check_lr(lr: float) -> None:
