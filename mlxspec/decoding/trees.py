@@ -102,6 +102,17 @@ def sparse_tree(topk_accuracy: list[list[float]], max_nodes: int, max_topk: int)
     return [p for p, _ in sorted(chosen, key=lambda item: (len(item[0]), -item[1]))]
 
 
+def heads_tree_paths(
+    num_heads: int, topk_accuracy: list[list[float]], tree_nodes: int | None, tree_topk: int
+) -> list[tuple[int, ...]]:
+    """The static tree Medusa and Hydra heads draft, as rank paths in BFS order: the sparse tree their recorded
+    top-k accuracies choose (halving guesses where none were recorded), or the top-1 chain."""
+    if tree_topk == 1:
+        return [(0,) * d for d in range(1, num_heads + 1)]
+    accuracy = topk_accuracy or [[0.5 ** (r + 1) for r in range(tree_topk)]] * num_heads
+    return sparse_tree(accuracy, tree_nodes or 4 * tree_topk, tree_topk)
+
+
 def rank_paths_parents(paths: list[tuple[int, ...]]) -> tuple[int, ...]:
     """Parents (root's -1 first) of a BFS-ordered list of rank paths, each path's parent being its prefix."""
     index = {path: i + 1 for i, path in enumerate(paths)}

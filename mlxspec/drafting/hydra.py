@@ -17,8 +17,7 @@ import mlx.nn as nn
 
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.target_features import output_head, text_model
-from mlxspec.decoding.trees import TreeShape, rank_paths_parents
-from mlxspec.drafting.medusa import rank_paths
+from mlxspec.decoding.trees import TreeShape, heads_tree_paths, rank_paths_parents
 
 
 class HydraBlock(nn.Module):
@@ -80,7 +79,7 @@ class HydraDrafter(Drafter):
         self.heads, self.base_head = heads, output_head(target)
         self.embed = text_model(target).model.embed_tokens
         self.max_depth = heads.config.num_heads
-        self.paths = rank_paths(heads.config, tree_nodes, tree_topk)
+        self.paths = heads_tree_paths(heads.config.num_heads, heads.config.topk_accuracy, tree_nodes, tree_topk)
         self.max_rank = 1 + max(max(p) for p in self.paths)
         self.max_nodes = len(self.paths)
         self.shape_parents = rank_paths_parents(self.paths)

@@ -15,7 +15,7 @@ import mlx.nn as nn
 
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.target_features import output_head
-from mlxspec.decoding.trees import TreeShape, rank_paths_parents, sparse_tree
+from mlxspec.decoding.trees import TreeShape, heads_tree_paths, rank_paths_parents
 from mlxspec.drafting.head_files import load_trained_head, read_head_config, save_head_files
 from mlxspec.errors import UserError
 
@@ -106,15 +106,6 @@ def medusa_drafter(heads: nn.Module, target: nn.Module, tree_nodes: int | None, 
     return MedusaDrafter(heads, target, tree_nodes=tree_nodes, tree_topk=tree_topk)
 
 
-def rank_paths(config: MedusaConfig, tree_nodes: int | None, tree_topk: int) -> list[tuple[int, ...]]:
-    """The static tree Medusa and Hydra heads draft, as rank paths in BFS order: the sparse tree their recorded
-    top-k accuracies choose (halving guesses where none were recorded), or the top-1 chain."""
-    if tree_topk == 1:
-        return [(0,) * d for d in range(1, config.num_heads + 1)]
-    accuracy = config.topk_accuracy or [[0.5 ** (r + 1) for r in range(tree_topk)]] * config.num_heads
-    return sparse_tree(accuracy, tree_nodes or 4 * tree_topk, tree_topk)
-
-
 class MedusaDrafter(Drafter):
     """Drafts a static sparse tree (or the top-1 chain) from Medusa heads on the target's last hidden state."""
 
@@ -123,7 +114,7 @@ class MedusaDrafter(Drafter):
     def __init__(self, heads: MedusaHeads, target: nn.Module, tree_nodes: int | None = None, tree_topk: int = 1):
         self.heads, self.base_head = heads, output_head(target)
         self.max_depth = heads.config.num_heads  # head h guesses the token h + 1 ahead; there is no deeper guess
-        self.paths = rank_paths(heads.config, tree_nodes, tree_topk)
+        self.paths = heads_tree_paths(heads.config.num_heads, heads.config.topk_accuracy, tree_nodes, tree_topk)
         self.max_rank = 1 + max(max(p) for p in self.paths)
         self.max_nodes = len(self.paths)
         self.shape_parents = rank_paths_parents(self.paths)
