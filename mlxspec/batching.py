@@ -39,9 +39,9 @@ class BatchRows:
     def __init__(self) -> None:
         self.rows: list[Row] = []
 
-    def crowded(self) -> bool:
-        """Whether rows decode beside each other (Speculator.events' `batched`)."""
-        return len(self.rows) > 1
+    def count(self) -> int:
+        """How many rows decode together now (Speculator.events' `rows`): each row's draft length follows it."""
+        return len(self.rows)
 
     def add(self, events: Generator, stats: Stats, on_chunk: Callable[[Chunk], None] = lambda chunk: None) -> Row:
         row = Row(events, stats, on_chunk)
@@ -105,7 +105,7 @@ def generate_batch(speculator, prompts: list, options: Any = None, max_batch: in
         while waiting and len(rows.rows) < limit:
             i = waiting.pop(0)
             stats = Stats()
-            index[id(rows.add(speculator.events(prompts[i], runs[i], stats, rows.crowded), stats))] = i
+            index[id(rows.add(speculator.events(prompts[i], runs[i], stats, rows.count), stats))] = i
         for row in rows.round():
             results[index[id(row)]] = row
     failed = next((results[i].error for i in range(len(prompts)) if results[i].error is not None), None)

@@ -40,6 +40,7 @@ class Stats:
     prompt_truncated_from: int = 0  # the prompt's length before --truncate cut it (0: not cut)
     note: str = ""  # why mlxspec decoded plainly instead of speculating, if it did
     kernel: str = ""  # the verify kernel's backend ("cpu") and layers routed, or why it was not used
+    batch_rows: float = 1.0  # rows decoding together, on average over this run's steps (continuous batching)
     sorted_fallbacks: int = 0  # steps redone with the whole vocabulary ranked (a top-p set past the candidates)
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0

@@ -154,10 +154,10 @@ class Speculator:
             )
         return (options or self.options).updated(**changes).validate(self.vocab_size)
 
-    def events(self, prompt: str | list[int], options: DecodeOptions, stats: Stats, batched: Any = None):
+    def events(self, prompt: str | list[int], options: DecodeOptions, stats: Stats, rows: Any = None):
         """One run as a generator of Chunks and of the target forwards it needs (forward.ForwardRequest), each
         answered by whoever drives it: alone (stream) or batched with other runs' (batching.py). `stats` fills
-        as it goes; `batched()` says whether other rows decode beside this one."""
+        as it goes; `rows()` says how many rows decode together now (this one included)."""
         tokens = self.fit_context(self.encode(prompt, options.chat), options, stats)
         stats.prompt_tokens = len(tokens)
         healed_text, first_token_mask = "", None
@@ -195,8 +195,8 @@ class Speculator:
             ranks=self.sharding,
             first_token_mask=first_token_mask,
         )
-        if batched is not None:
-            engine.batched = batched
+        if rows is not None:
+            engine.rows = rows
         try:
             yield from self._run(engine, reuse, tokens, options, stats, healed_text)
         finally:  # finished, stopped by the caller, or failed: only a run that is between steps leaves a usable state
@@ -238,6 +238,7 @@ class Speculator:
         while finish is None:
             step = yield from engine.step_phases(options.max_tokens - stats.generated_tokens)
             stats.target_calls = engine.target_calls
+            stats.batch_rows = engine.row_steps / engine.target_calls
             stats.sorted_fallbacks = engine.sorted_fallbacks
             stats.drafted += step.drafted
             stats.accepted += step.accepted
@@ -338,7 +339,9 @@ class Speculator:
         from mlxspec.decoding.costs import DraftLengthController, model_curve
 
         draft = self.draft if with_draft else None
-        curve = model_curve(self.target, draft, tuple(range(1, max_draft + 2)), kernel=kernel)
+        # Up to 64 tokens: a batch of rows verifies rows * (k + 1) tokens in one forward (batching.py).
+        sizes = tuple(sorted({*range(1, max_draft + 2), 16, 32, 64}))
+        curve = model_curve(self.target, draft, sizes, kernel=kernel)
         # Every drafter pauses where no length pays: decoding plainly, with a one-token probe every few steps, costs
         # less than a draft token per step that is rarely accepted (the default on the embedded models ran at
         # 0.87-0.95x plain without it).

@@ -131,7 +131,7 @@ def test_a_row_whose_drafter_raises_fails_alone(embedded, monkeypatch):
 
     monkeypatch.setattr(DraftModelDrafter, "propose", propose)
     rows = BatchRows()
-    added = [rows.add(spec.events(p, options, Stats(), rows.crowded), Stats()) for p in PROMPTS[:3]]
+    added = [rows.add(spec.events(p, options, Stats(), rows.count), Stats()) for p in PROMPTS[:3]]
     while rows.rows:
         rows.round()
     assert isinstance(added[1].error, MemoryError) and len(added[1].tokens) > 4
@@ -155,3 +155,46 @@ def test_hybrid_target_rows_reject_at_different_depths_and_stay_exact(tmp_path):
     batch = spec.generate_batch(prompts, options)
     assert [r.tokens for r in batch] == [r.tokens for r in solo]
     assert len({r.stats.accepted for r in batch}) > 1  # the rows kept different numbers of drafts
+
+
+def _knee_curve(knee: int = 8):
+    """Verification flat up to `knee` tokens, then linear: one row verifies that many tokens for the price of one,
+    while `knee` rows already fill the flat part with one token each."""
+    from mlxspec.decoding.costs import CostCurve
+
+    return CostCurve({n: 0.010 * max(1, n / knee) for n in (1, 2, 4, 8, 16, 32, 64)}, 0.0002, 256, "test")
+
+
+def test_the_draft_length_shrinks_as_the_batch_fills_and_stops_where_it_cannot_pay():
+    from mlxspec.decoding.costs import DraftLengthController, best_draft_length
+
+    curve = _knee_curve()
+    lengths = [best_draft_length(curve, 0.8, 7, rows) for rows in (1, 2, 4, 8)]
+    assert lengths[0] == 7 and lengths[-1] == 0
+    assert all(a >= b for a, b in zip(lengths, lengths[1:])) and len(set(lengths)) > 2
+    controller = DraftLengthController(curve, 7, prior_alpha=0.8, pause=True)
+    assert controller.next_length(1) == 7 and 0 < controller.next_length(2) < 7
+    at_eight = [controller.next_length(8) for _ in range(16)]
+    assert at_eight.count(0) >= 14 and max(at_eight) <= 1  # paused at 8 rows, a one-token probe now and then
+    assert controller.next_length(1) == 7  # alone again: drafting resumes at once
+
+
+def test_a_full_batch_drafts_less_and_stays_exact(embedded, monkeypatch):
+    """Adaptive rows on a curve flat to 4 tokens, where 5 rows leave no room for drafts: the batched rows mostly
+    decode plainly (only the pause's probes draft), their stats say how many rows they shared, and every row
+    equals its solo run; the same rows alone draft every step."""
+    from mlxspec.decoding.costs import DraftLengthController
+
+    spec = embedded
+    monkeypatch.setattr(
+        type(spec),
+        "draft_length_controller",
+        lambda self, max_draft, **kwargs: DraftLengthController(_knee_curve(4), max_draft, prior_alpha=0.8, pause=True),
+    )
+    options = DecodeOptions(max_tokens=32, stop_at_eos=False)  # adaptive k
+    solo = [spec.generate(p, options) for p in PROMPTS]
+    batch = spec.generate_batch(PROMPTS, options)
+    assert [r.tokens for r in batch] == [r.tokens for r in solo]
+    assert all(r.stats.batch_rows == 1.0 for r in solo) and all(r.stats.batch_rows > 3 for r in batch)
+    assert sum(r.stats.drafted for r in solo) > 3 * sum(r.stats.drafted for r in batch)
+    assert sum(r.stats.target_calls for r in batch) > sum(r.stats.target_calls for r in solo)

@@ -396,12 +396,15 @@ def test_a_full_queue_gets_a_503_and_a_disconnect_frees_the_worker(client, serve
 
 def test_concurrent_requests_decode_together_each_as_it_would_alone(client, server):
     """Clients at once (two rows batched, one waiting its turn): each answer, greedy or sampled with its seed,
-    equals the one it gets alone; a client leaves mid-stream and the others' answers do not change."""
+    equals the one it gets alone; a client leaves mid-stream and the others' answers do not change. (An adaptive
+    draft length follows the batch's rows, and a sampled answer's draws follow the draft lengths: so the sampled
+    asks fix theirs, as a client wanting a seed repeated under load does; greedy ones stay adaptive.)"""
+    fixed = {"extra_body": {"speculative": {"num_draft": 3}}}
     asks = [
         dict(content="import os\n", max_tokens=24, temperature=0),
-        dict(content="class Point:\n", max_tokens=17, temperature=0.7, seed=3),
+        dict(content="class Point:\n", max_tokens=17, temperature=0.7, seed=3, **fixed),
         dict(content="def main(argv):\n", max_tokens=30, temperature=0, stop=["\n\n"]),
-        dict(content="for i in range(10):\n", max_tokens=12, temperature=1.0, seed=9),
+        dict(content="for i in range(10):\n", max_tokens=12, temperature=1.0, seed=9, **fixed),
     ]
     alone = [chat(client, **ask).choices[0].message.content for ask in asks]
     together: dict[int, str] = {}

@@ -56,15 +56,18 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def expected_speedup(curve: CostCurve, alpha: float, k: int) -> float:
-    """Tokens per second relative to plain decoding for draft length k (k = 0 is plain decoding)."""
-    step_seconds = k * curve.draft_one + (curve.draft_block if k else 0.0) + curve.target_cost(k + 1)
-    return expected_tokens(alpha, k) * curve.target_cost(1) / step_seconds
+def expected_speedup(curve: CostCurve, alpha: float, k: int, rows: int = 1) -> float:
+    """Tokens per second relative to plain decoding for draft length k (k = 0 is plain decoding), with `rows`
+    sequences decoding together (continuous batching): their one verify forward carries rows * (k + 1) tokens and
+    each row drafts on its own, so the curve is read at the batch's total tokens, not one sequence's."""
+    drafting = rows * (k * curve.draft_one + (curve.draft_block if k else 0.0))
+    step_seconds = drafting + curve.target_cost(rows * (k + 1))
+    return rows * expected_tokens(alpha, k) * (curve.target_cost(rows) / rows) / step_seconds
 
 
-def best_draft_length(curve: CostCurve, alpha: float, max_k: int) -> int:
-    """The k in 0..max_k that maximizes expected speedup; 0 means speculation would lose."""
-    return max(range(max_k + 1), key=lambda k: expected_speedup(curve, alpha, k))
+def best_draft_length(curve: CostCurve, alpha: float, max_k: int, rows: int = 1) -> int:
+    """The k in 0..max_k that maximizes expected speedup at this many rows; 0 means speculation would lose."""
+    return max(range(max_k + 1), key=lambda k: expected_speedup(curve, alpha, k, rows))
 
 
 def _time_forward(model: nn.Module, n: int, context: int, repeats: int) -> float:
@@ -184,14 +187,16 @@ class DraftLengthController:
     def alpha(self) -> float:
         return self.successes / (self.successes + self.failures)
 
-    def next_length(self) -> int:
+    def next_length(self, rows: int = 1) -> int:
+        """This step's draft length, with `rows` sequences decoding together: as the batch fills, the verify
+        forward's tokens grow by rows per draft token, so k shrinks, and drafting pauses where no length pays."""
         if not self.can_win:
             return 0
         if self.committed_plain:  # plain_next promised it: the engine has queued this step's forward
             self.committed_plain = False
             self.mode_steps += 1
             return 0
-        predicted = best_draft_length(self.curve, self.alpha, self.max_k)
+        predicted = best_draft_length(self.curve, self.alpha, self.max_k, rows)
         paused = self._paused(predicted)
         if not self.pause:
             return max(1, predicted)  # never below one draft token: with none, alpha would stop being measured

@@ -91,9 +91,11 @@ class SpeculativeEngine:
         self.position = 0
         self.history: list[int] = []  # every committed token: the prompt, then each step's tokens
         self.mid_step = False  # True while a step runs: an exception there leaves the caches unusable
-        # True while a batch driver runs other rows beside this one: a plain step then queues no forward of its own
-        # ahead (it would miss the batched forward); alone, it does.
-        self.batched: Callable[[], bool] = lambda: False
+        # How many rows decode together now (a batch driver's count; 1 alone). Beside others a plain step queues
+        # no forward of its own ahead (it would miss the batched forward), and the draft length is chosen for the
+        # batch's total tokens.
+        self.rows: Callable[[], int] = lambda: 1
+        self.row_steps = 0  # the sum over steps of the rows that decoded together (its mean goes to usage)
         self.prompt_snapshot: tuple[int, Snapshot] | None = None  # recurrent targets: the state after prefill
         self.target_calls = 0
         # Medusa, feature heads and block drafters draft from the target's own features (its final hidden states,
@@ -183,7 +185,9 @@ class SpeculativeEngine:
         draft_key = accept_key = None
         if not self.sampling.greedy:  # greedy steps draw nothing, so they split no keys
             self.key, draft_key, accept_key = mx.random.split(self.key, 3)
-        budget = self.num_draft if self.controller is None else min(self.num_draft, self.controller.next_length())
+        rows = self.rows()
+        self.row_steps += rows
+        budget = self.num_draft if self.controller is None else min(self.num_draft, self.controller.next_length(rows))
         budget = min(budget, max_new_tokens - 1)
         if self.first_token_mask is not None:
             budget = 0  # the constrained first token is decoded plainly
@@ -205,7 +209,8 @@ class SpeculativeEngine:
         self.target_calls += 1
         if self.controller is not None:
             self.controller.update(result.drafted, result.accepted)
-            self.controller.observe(draft is not None, time.perf_counter() - started, len(result.tokens))
+            if rows == 1:  # beside other rows the wall time is the whole round's, not this row's step
+                self.controller.observe(draft is not None, time.perf_counter() - started, len(result.tokens))
         self.history.extend(result.tokens)  # committed: the drafter reads them from here
         if self.drafter is not None:
             self.drafter.accept(result.tokens, result.proposed)
@@ -326,7 +331,7 @@ class SpeculativeEngine:
     def _next_is_plain(self) -> bool:
         """Whether the next step is certain to be plain decoding, so its forward can be queued now: no drafter, one
         that cannot pay, or a paused controller that promises it (plain_next commits the promise)."""
-        if self.wants_hidden or self.first_token_mask is not None or self.ranks is not None or self.batched():
+        if self.wants_hidden or self.first_token_mask is not None or self.ranks is not None or self.rows() > 1:
             return False  # (sharded: a queued forward would feed this rank's token before the ranks agree on it)
         if self.drafter is None or (self.controller is not None and not self.controller.can_win):
             return True

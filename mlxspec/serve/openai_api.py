@@ -229,6 +229,7 @@ def usage(stats: Stats) -> dict:
             "accepted": stats.accepted,
             "acceptance_rate": round(stats.acceptance_rate, 4),
             "tokens_per_target_call": round(stats.tokens_per_target_call, 4),
+            "batch_rows": round(stats.batch_rows, 2),
             "tokens_per_second": round(stats.tokens_per_second, 2),
             "prompt_seconds": round(stats.prompt_seconds, 4),
             "prompt_cache": stats.prompt_cache,
