@@ -222,23 +222,26 @@ def decode_speed(server: Server, count: int, max_tokens: int, temperature: float
     return {"temperature": temperature, "tok_s_median": median, "ttft_s": percentiles(ttfts), "texts": texts}
 
 
-def batch_table(args, logs: Path) -> list[dict]:
-    """Aggregate tok/s, TTFT and latency at 1, 2, 4 and 8 clients, each server in turn (one server at a time, so
-    they never share the cores): mlxspec batching, mlxspec one at a time, and mlx_lm.server's batched plain
-    decoding (no draft: it turns batching off for a draft model)."""
-    servers = [
+def batch_table(args, logs: Path) -> dict:
+    """Aggregate tok/s, TTFT and latency at 1, 2, 4 and 8 clients: mlxspec batching, mlxspec one at a time, and
+    mlx_lm.server's batched plain decoding (no draft: it turns batching off for a draft model). All three servers
+    stay up and take turns at each load (only one is ever busy), so the machine's drift over the run falls on all
+    of them alike; then one client alone, single requests alternating between the two mlxspec servers."""
+    specs = [
         ("mlxspec --max-batch 8", "mlxspec", args.draft, ["--max-batch", "8"]),
         ("mlxspec --max-batch 1", "mlxspec", args.draft, ["--max-batch", "1"]),
         ("mlx_lm.server (batched, no draft)", "mlx_lm", None, []),
     ]
-    rows = []
-    for name, kind, draft, extra in servers:
-        server = Server(kind, args.model, draft, args.k, extra, logs / f"serve_bench_batch_{kind}.log")
-        try:
-            for clients in (1, 2, 4, 8):
+    servers = []
+    try:
+        for name, kind, draft, extra in specs:
+            log = logs / f"serve_bench_batch_{kind}_{len(servers)}.log"
+            servers.append((name, Server(kind, args.model, draft, args.k, extra, log)))
+        rows = []
+        for clients in (1, 2, 4, 8):
+            for name, server in servers:
                 load = load_check(server, clients, args.requests, args.max_tokens)
-                row = {"server": name, "command": server.command, **load}
-                rows.append(row)
+                rows.append({"server": name, "command": server.command, **load})
                 print(
                     f"{name:36s} clients={clients} {load['throughput_tok_s']:6.1f} tok/s  ttft p50 "
                     f"{load['ttft_s']['p50']:.2f} p90 {load['ttft_s']['p90']:.2f}  latency p50 "
@@ -246,9 +249,24 @@ def batch_table(args, logs: Path) -> list[dict]:
                     f"{load['exact']}/{load['completed']} errors {len(load['errors'])}",
                     flush=True,
                 )
-        finally:
+        alone = one_client_alternating([server for _, server in servers[:2]], args.rounds, args.max_tokens)
+        print(f"one client, alternating: --max-batch 8 / --max-batch 1 = {alone['ratio']:.3f}", flush=True)
+        return {"loads": rows, "one_client_alternating": alone}
+    finally:
+        for _, server in servers:
             server.stop()
-    return rows
+
+
+def one_client_alternating(servers: list[Server], rounds: int, max_tokens: int) -> dict:
+    """Each prompt sent to each server in turn, the order flipped every round: tokens over decode seconds each."""
+    tokens, seconds = [0, 0], [0.0, 0.0]
+    for r, text in enumerate(prompts(rounds)):
+        for i in (0, 1) if r % 2 == 0 else (1, 0):
+            got = timed_stream(servers[i], "text", text, max_tokens, temperature=0)
+            tokens[i] += got.get("completion_tokens") or 0
+            seconds[i] += got["latency"]
+    rates = [round(t / s, 1) for t, s in zip(tokens, seconds)]
+    return {"tok_s": rates, "ratio": round(rates[0] / rates[1], 3), "rounds": rounds}
 
 
 def main() -> None:
