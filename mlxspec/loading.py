@@ -185,12 +185,3 @@ def tokenizer_mismatch(target_tokenizer: Any, draft_tokenizer: Any) -> str | Non
                 f"special token {key} is {value!r} in the target's tokenizer but {draft_special[key]!r} in the draft's"
             )
     return None
-
-
-def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-    mismatch = tokenizer_mismatch(target.tokenizer, draft.tokenizer)
-    if mismatch:
-        raise UserError(
-            f"draft '{draft.path}' cannot draft for target '{target.path}': {mismatch}; "
-            "use a draft model that shares the target's tokenizer"
-        )

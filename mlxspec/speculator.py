@@ -20,9 +20,10 @@ from mlxspec.drafting.draft_model import DraftModelDrafter
 from mlxspec.drafting.factory import make_drafter
 from mlxspec.drafting.lookup import PromptLookupDrafter
 from mlxspec.drafting.suffix_index import DEFAULT_SUFFIX_BUDGET, SuffixIndex
+from mlxspec.drafting.vocab_bridge import cross_tokenizer_bridge
 from mlxspec.errors import UserError
 from mlxspec.kernels import verify as verify_kernel
-from mlxspec.loading import LoadedModel, check_compatible
+from mlxspec.loading import LoadedModel
 from mlxspec.options import DecodeOptions
 from mlxspec.results import Chunk, GenerationResult, Stats
 from mlxspec.text import TextStream, encodable
@@ -47,8 +48,8 @@ class Speculator:
         drafter_choice: dict | None = None,
         suffix_cache_tokens: int = DEFAULT_SUFFIX_BUDGET,
     ):
-        if draft is not None:
-            check_compatible(target, draft)
+        # A draft with another tokenizer drafts across vocabularies (cross_tokenizer.py); `cross_tokenizer` says so.
+        self.vocab_bridge, self.cross_tokenizer = cross_tokenizer_bridge(target, draft) if draft else (None, "")
         given = [
             name
             for name, x in (
@@ -269,6 +270,8 @@ class Speculator:
         from mlxspec.decoding.tree_attention import tree_refusal
 
         why = tree_refusal(self.target.model)
+        if self.vocab_bridge is not None and options.use_draft:
+            why = why or "a draft with another tokenizer drafts chains (its text is re-tokenized step by step)"
         if self.sharding is not None and not self.sharding.everyone(why is None):
             why = why or "another rank cannot verify a tree on its part of the model"
         if why is None:
@@ -281,6 +284,7 @@ class Speculator:
         """(drafter, adaptive controller, a note when falling back to plain decoding) for these options; `target`
         and `head`: the target model and feature head as this run calls them (routed through the kernel or not)."""
         from mlxspec.cache.rollback import rollback_blocker
+        from mlxspec.drafting.cross_tokenizer import CrossTokenizerDrafter
         from mlxspec.drafting.dflash import DFlashDrafter
         from mlxspec.drafting.feature_drafter import FeatureDrafter
 
@@ -308,16 +312,19 @@ class Speculator:
             feature_head=head,
             dflash=self.dflash,
             suffix_index=self._suffix_index() if options.suffix else None,
+            vocab_bridge=self.vocab_bridge,
         )
         controller = None
         if (
             options.adaptive
             and options.tree_topk == 1
-            and isinstance(drafter, (DraftModelDrafter, PromptLookupDrafter, FeatureDrafter, DFlashDrafter))
+            and isinstance(
+                drafter, (DraftModelDrafter, CrossTokenizerDrafter, PromptLookupDrafter, FeatureDrafter, DFlashDrafter)
+            )
         ):
             controller = self.draft_length_controller(
                 options.depth,
-                with_draft=isinstance(drafter, DraftModelDrafter),
+                with_draft=isinstance(drafter, (DraftModelDrafter, CrossTokenizerDrafter)),
                 kernel=options.kernel,
                 block_seconds=(
                     self._block_seconds(drafter, target, options) if isinstance(drafter, DFlashDrafter) else 0.0

@@ -15,6 +15,9 @@ def tiny_dirs(tmp_path_factory):
         "target": save_tiny_model_dir(root / "target", seed=0, max_position_embeddings=40),
         "draft": save_tiny_model_dir(root / "draft", seed=1),
         "mismatched": save_tiny_model_dir(root / "mismatched", seed=1, tokenizer_chars="abcdefh"),
+        "mismatched_recurrent": save_tiny_model_dir(
+            root / "mismatched_recurrent", "qwen3_5", seed=1, tokenizer_chars="abcdefh"
+        ),
     }
 
 

@@ -88,9 +88,17 @@ def test_bad_inputs_raise_user_errors(spec):
             spec.generate(**kwargs)
 
 
-def test_mismatched_tokenizer_is_refused_naming_the_first_difference(tiny_dirs):
-    with pytest.raises(UserError, match="token 6 is 'g' in the target's tokenizer but 'h' in the draft's"):
-        mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["mismatched"])
+def test_a_mismatched_tokenizer_drafts_across_vocabularies_naming_the_first_difference(tiny_dirs):
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["mismatched"])
+    assert spec.vocab_bridge is not None
+    assert "token 6 is 'g' in the target's tokenizer but 'h' in the draft's" in spec.cross_tokenizer
+    assert mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"]).vocab_bridge is None
+
+
+def test_a_recurrent_draft_with_another_tokenizer_is_refused(tiny_dirs):
+    with pytest.raises(UserError, match="must be a transformer without recurrent layers"):
+        spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["mismatched_recurrent"])
+        spec.generate("abc", max_tokens=4, num_draft=2)
 
 
 def test_stats_are_consistent(tiny_dirs):

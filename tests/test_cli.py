@@ -69,7 +69,7 @@ def test_stdin_prompt_and_verbose_stats(tiny_dirs):
     [
         (["--model", "/does/not/exist"], "does not exist"),
         (["--model", "{tmp}"], "has no config.json"),
-        (["--model", "{target}", "--draft", "{mismatched}"], "cannot draft for target"),
+        (["--model", "{target}", "--draft", "{recurrent}", "-k", "2"], "must be a transformer without recurrent"),
         (["--model", "{target}", "-k", "0"], "num_draft 0"),
         (["--model", "{target}", "-k", "65"], "num_draft 65"),
         (["--model", "{target}", "--temp", "-1"], "temperature -1.0"),
@@ -77,7 +77,7 @@ def test_stdin_prompt_and_verbose_stats(tiny_dirs):
     ],
 )
 def test_bad_input_is_one_line_without_traceback(tiny_dirs, tmp_path, args, message):
-    fill = {"tmp": tmp_path, "target": tiny_dirs["target"], "mismatched": tiny_dirs["mismatched"]}
+    fill = {"tmp": tmp_path, "target": tiny_dirs["target"], "recurrent": tiny_dirs["mismatched_recurrent"]}
     proc = run_cli("generate", "ab", *[a.format(**fill) for a in args])
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr

@@ -96,6 +96,8 @@ def load_tuned_speculator(p: dict, options: DecodeOptions, prompt_chars: int, ec
     p, options, tuned, line = apply_tuned(p, options, bool(drafters_given(p)))
     speculator = _load(p, options, prompt_chars, echo, prompt_cache)
     notes = [line] if line else []
+    if speculator.cross_tokenizer:  # a draft with another tokenizer: say how it drafts, once
+        notes.append(speculator.cross_tokenizer)
     choice = speculator.drafter_choice if speculator.reports else None
     if choice is not None and choice["chosen"] is not None:  # nothing fits: lookup, as before, said in --json only
         notes.append(f"{choice['line']}; `mlxspec drafters` lists what was considered")

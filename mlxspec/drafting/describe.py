@@ -11,6 +11,7 @@ from mlxspec.results import mode_name
 
 def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
     """What drafted, by results.mode_name, for -v, --json and stats.mode."""
+    from mlxspec.drafting.cross_tokenizer import CrossTokenizerDrafter
     from mlxspec.drafting.dflash import DFlashDrafter
     from mlxspec.drafting.feature_drafter import FeatureDrafter
     from mlxspec.drafting.hydra import HydraDrafter
@@ -25,6 +26,7 @@ def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
     else:
         names = {
             DraftModelDrafter: "draft",
+            CrossTokenizerDrafter: "draft-xtok",  # a draft model with another tokenizer
             PromptLookupDrafter: "lookup",
             MedusaDrafter: "medusa",
             HydraDrafter: "medusa",  # Hydra heads load with --medusa; their config names the style

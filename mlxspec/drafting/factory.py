@@ -23,11 +23,12 @@ def make_drafter(
     feature_head: Any = None,
     dflash: Any = None,
     suffix_index: Any = None,
+    vocab_bridge: Any = None,
 ) -> Drafter | None:
     """The drafter `options` ask for: a DFlash block drafter, a feature head (EAGLE or MTP) or Medusa heads (on
     target_model), or a draft model, optionally behind prompt lookup (with its corpus table `successors`, and with
-    options.suffix the shared `suffix_index` of earlier requests); None decodes plainly. The one place drafters are
-    wired."""
+    options.suffix the shared `suffix_index` of earlier requests); None decodes plainly. A draft model with another
+    tokenizer comes with its `vocab_bridge` (vocab_bridge.py). The one place drafters are wired."""
     sampling, depth = options.sampling, options.depth
     max_nodes = options.tree_nodes or depth * options.tree_topk  # the node budget of a dynamic tree or a DDTree
     model_drafter: Drafter | None = None
@@ -54,6 +55,10 @@ def make_drafter(
         from mlxspec.drafting.medusa import medusa_drafter
 
         model_drafter = medusa_drafter(medusa, target_model, max_nodes, options.tree_topk)
+    elif options.use_draft and draft_model is not None and vocab_bridge is not None:
+        from mlxspec.drafting.cross_tokenizer import CrossTokenizerDrafter
+
+        model_drafter = CrossTokenizerDrafter(draft_model, vocab_bridge, sampling, depth)
     elif options.use_draft and draft_model is not None:
         model_drafter = DraftModelDrafter(
             draft_model,

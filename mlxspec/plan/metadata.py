@@ -34,6 +34,7 @@ class ModelMetadata:
     config: dict
     weight_bytes: int | None  # exact, from safetensors headers, when available
     source: str
+    tokenizer_file: Path | None = None  # a local model directory's tokenizer.json (a draft's may not be the target's)
 
 
 def preset_names() -> list[str]:
@@ -59,7 +60,14 @@ def load_metadata(name: str) -> ModelMetadata:
         from mlxspec.platform import models_dir
 
         name = f"embedded {path.name}" if path.resolve().parent == models_dir().resolve() else path.name
-        return ModelMetadata(name, read_config(path / "config.json"), weight, f"{path} (safetensors headers)")
+        tokenizer = path / "tokenizer.json"
+        return ModelMetadata(
+            name,
+            read_config(path / "config.json"),
+            weight,
+            f"{path} (safetensors headers)",
+            tokenizer if tokenizer.is_file() else None,
+        )
     if "/" in name and not name.startswith((".", "/", "~")):
         return _hub_metadata(name)
     raise UserError(f"model '{name}' is not a preset, a local path or a repo id; presets: {', '.join(preset_names())}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 from mlxspec.plan import memory_model as mm
@@ -84,6 +85,30 @@ def _state_note(config: dict, dtype: str) -> str:
     return f"; recurrent state {state / 2**20:.1f} MiB x 2 (one rollback snapshot)" if state else ""
 
 
+# A sample of prose and code, tokenized by both tokenizers to compare how many tokens each needs for one text.
+RATIO_SAMPLE = (
+    "The quick brown fox jumps over the lazy dog. Speculative decoding drafts several tokens and verifies them at "
+    "once; the output is exactly the target model's.\n\ndef fibonacci(n: int) -> int:\n    if n < 2:\n        "
+    'return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\nprint({"answer": 42, "items": [1, 2, 3]})\n'
+)
+
+
+def draft_tokens_per_target_token(target: ModelMetadata, draft: ModelMetadata) -> float:
+    """How many draft tokens hold the text of one target token: 1.0 for one tokenizer (or when either tokenizer
+    is not on disk to compare), else measured on RATIO_SAMPLE."""
+    if target.tokenizer_file is None or draft.tokenizer_file is None:
+        return 1.0
+    if target.tokenizer_file.read_bytes() == draft.tokenizer_file.read_bytes():
+        return 1.0
+    try:
+        from tokenizers import Tokenizer
+
+        counts = [len(Tokenizer.from_file(str(m.tokenizer_file)).encode(RATIO_SAMPLE).ids) for m in (target, draft)]
+    except Exception:  # noqa: BLE001 - an unreadable tokenizer only loses the estimate
+        return 1.0
+    return counts[1] / counts[0] if counts[0] else 1.0
+
+
 def memory_items(req: PlanRequest, context: int | None = None) -> list[PlanItem]:
     context = req.context if context is None else context
     rollback = req.verify_positions
@@ -119,13 +144,16 @@ def memory_items(req: PlanRequest, context: int | None = None) -> list[PlanItem]
     )
     if req.draft is not None:
         window = f", window {req.draft_window}" if req.draft_window else ""
+        ratio = draft_tokens_per_target_token(req.target, req.draft)
+        if ratio != 1.0:  # a draft with another tokenizer holds the same text in its own tokens
+            window += f"; another tokenizer: {ratio:.2f} draft tokens per target token"
         items.append(
             PlanItem(
                 "draft KV cache",
                 mm.kv_cache_bytes(
                     req.draft.config,
-                    context,
-                    rollback,
+                    math.ceil(context * ratio),
+                    2 * rollback if ratio != 1.0 else rollback,  # re-tokenized proposals draft up to 2k + 2
                     req.kv_bits,
                     dtype=dtype,
                     batch=req.batch,
@@ -268,9 +296,12 @@ def make_plan(req: PlanRequest) -> Plan:
     target_vocab = req.target.config.get("vocab_size")
     draft_vocab = req.draft.config.get("vocab_size") if req.draft else None
     if draft_vocab and target_vocab and draft_vocab != target_vocab:
+        measured = req.draft.tokenizer_file is not None and req.target.tokenizer_file is not None
         plan.notes.append(
-            f"the draft's vocabulary ({draft_vocab} tokens) differs from the target's ({target_vocab}): generate "
-            "accepts the pair only if the tokenizers still map every id alike (a padded embedding); check it"
+            f"the draft's vocabulary ({draft_vocab} tokens) differs from the target's ({target_vocab}): unless only "
+            "the embedding is padded, generate drafts across the tokenizers, and the draft's weights and KV cache "
+            "above are its own, "
+            + ("at its own tokens for the same text (measured on a sample)" if measured else "at as many tokens")
         )
     if req.device.backend == "cpu" and (req.target_bits or (req.target.config.get("quantization") or {})):
         plan.notes.append(
