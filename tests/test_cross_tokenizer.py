@@ -31,7 +31,7 @@ from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 CODE = [
     "import os\nimport sys\n\n\ndef main(argv):\n    ",
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.",
-    'def compu',  # ends mid-word: the draft's text merges into the target's last token when re-encoded
+    "def compu",  # ends mid-word: the draft's text merges into the target's last token when re-encoded
     '"""Ünïcödé: naïve café, 日本語 and ☃."""\nname = "héllo wörld"\n',
 ]
 
