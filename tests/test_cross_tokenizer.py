@@ -146,6 +146,19 @@ def test_greedy_cross_tokenizer_drafting_equals_plain_decoding(draft_name, reque
             assert got.tokens == plain.generate(prompt, options).tokens
 
 
+def test_a_prompt_cache_conversation_with_a_cross_tokenizer_draft_stays_exact(other_bpe_draft):
+    """Turns of one conversation with the prompt cache on: each equals plain decoding of the whole prompt."""
+    spec = mlxspec.load(DEFAULT_TARGET, draft=other_bpe_draft, prompt_cache=2)
+    plain = mlxspec.load(DEFAULT_TARGET, draft=None)
+    options = DecodeOptions(max_tokens=24, num_draft=3, temperature=0.0, stop_at_eos=False)
+    prompt = CODE[1]
+    for _ in range(3):
+        got = spec.generate(prompt, options)
+        assert got.tokens == plain.generate(prompt, options).tokens and got.stats.drafted > 0
+        prompt = prompt + got.text + "\n    def norm(self):\n        "
+    assert got.stats.reused_tokens > 0
+
+
 def test_a_draft_whose_tokenizer_grew_keeps_its_acceptance(grown_draft):
     """The shipped draft behind three added tokens: the re-tokenized drafts are accepted about as often as the
     same draft's own, and far more than nothing."""

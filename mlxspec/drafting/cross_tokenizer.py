@@ -32,6 +32,7 @@ from mlxspec.cache.recurrent import recurrent_leaves
 from mlxspec.cache.rollback import make_speculative_cache, rollback
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs
+from mlxspec.drafting.compiled_draft import UNTRACEABLE, CompiledDraftChain, supports_compiled_draft
 from mlxspec.drafting.vocab_bridge import VocabBridge, complete_utf8
 from mlxspec.errors import UserError
 
@@ -42,7 +43,8 @@ class CrossTokenizerDrafter(Drafter):
     def __init__(self, model: nn.Module, bridge: VocabBridge, sampling: SamplingConfig, max_draft: int):
         self.model, self.bridge, self.sampling = model, bridge, sampling
         # A proposal is re-tokenized: it may take up to twice as many draft tokens as target tokens asked for.
-        self.cache = make_speculative_cache(model, max_rollback=2 * max_draft + 3)
+        self.max_rollback = 2 * max_draft + 3
+        self.cache = make_speculative_cache(model, max_rollback=self.max_rollback)
         if recurrent_leaves(self.cache):
             raise UserError(
                 "a draft with another tokenizer must be a transformer without recurrent layers (its cache is "
@@ -55,8 +57,15 @@ class CrossTokenizerDrafter(Drafter):
         self.fed = 0  # draft tokens in the draft's cache
         self.proposal = mx.array([], dtype=mx.int32)  # this step's draft tokens: all but the last were fed
         self.calls = 0
+        # Greedy chains run compiled where the draft's family allows it (as DraftModelDrafter's do); TLI's
+        # restricted sampling runs eagerly.
+        self.compiled: CompiledDraftChain | None = None
 
     def prefill(self, history: Sequence[int]) -> None:
+        """Start over on `history` (a drafter kept by the prompt cache comes back here: it keeps nothing)."""
+        self.cache, self.fed = make_speculative_cache(self.model, max_rollback=self.max_rollback), 0
+        if self.sampling.greedy and supports_compiled_draft(self.model):
+            self.compiled = CompiledDraftChain(self.model, self.sampling)
         self.history = history
         self.committed = bytearray(self.bridge.target_text(list(history)))
         text = complete_utf8(bytes(self.committed))
@@ -65,10 +74,24 @@ class CrossTokenizerDrafter(Drafter):
         self._feed(self.draft_ids[:-1])
 
     def _feed(self, ids: list[int]) -> None:
+        if self.compiled is not None:
+            try:
+                self.compiled.prefill(ids, PREFILL_CHUNK)
+                self.fed = self.compiled.offset
+                return
+            except UNTRACEABLE:
+                self._go_eager()
+                return
         for start in range(0, len(ids), PREFILL_CHUNK):
             self.model(mx.array(ids[start : start + PREFILL_CHUNK], dtype=mx.int32)[None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
         self.fed += len(ids)
+
+    def _go_eager(self) -> None:
+        """A family the compiled chain cannot trace: draft eagerly, rebuilding the cache from the draft's tokens."""
+        self.compiled = None
+        self.cache, self.fed = make_speculative_cache(self.model, max_rollback=self.max_rollback), 0
+        self._feed(self.draft_ids[:-1])
 
     def _draft_length(self, num_tokens: int) -> int:
         """Draft tokens to write for num_tokens target tokens (+1: the last is dropped as unstable), by how many
@@ -85,6 +108,13 @@ class CrossTokenizerDrafter(Drafter):
         if not greedy and self.bridge.shared == 0:
             return None  # no token both vocabularies hold: nothing to draft by intersection
         count = self._draft_length(num_tokens) if greedy else num_tokens
+        if self.compiled is not None:
+            try:
+                self.proposal, _ = self.compiled.propose(self.draft_ids[self.fed :], count, None)
+                self.fed, self.calls = self.compiled.offset, self.calls + count
+                return self._slem(self.proposal.tolist(), num_tokens)
+            except UNTRACEABLE:
+                self._go_eager()
         keys = None if greedy else mx.random.split(key, count)
         inputs = mx.array(self.draft_ids[self.fed :], dtype=mx.int32)
         tokens, target_probs = [], []
@@ -139,6 +169,9 @@ class CrossTokenizerDrafter(Drafter):
         self.synced += len(new_text)
         keep = min(before + covered, len(self.draft_ids) - 1)  # the last draft token stays unfed: drafting's start
         if self.fed > keep:
-            rollback(self.cache, self.fed - keep)
+            if self.compiled is not None:
+                self.compiled.trim(self.fed - keep)
+            else:
+                rollback(self.cache, self.fed - keep)
             self.fed = keep
         self.proposal = mx.array([], dtype=mx.int32)
