@@ -198,3 +198,31 @@ def test_a_full_batch_drafts_less_and_stays_exact(embedded, monkeypatch):
     assert all(r.stats.batch_rows == 1.0 for r in solo) and all(r.stats.batch_rows > 3 for r in batch)
     assert sum(r.stats.drafted for r in solo) > 3 * sum(r.stats.drafted for r in batch)
     assert sum(r.stats.target_calls for r in batch) > sum(r.stats.target_calls for r in solo)
+
+
+def test_through_the_kernels_attention_each_row_attends_alone_without_the_stacked_copy(monkeypatch):
+    """With the target routed through the verify kernel, the batched view's rows attend row by row to their own
+    keys (kernels/attention.py, per_row): every row's logits equal its forward alone bit for bit, and the padded,
+    stacked keys are never what attends."""
+    from mlxspec.kernels import attention
+    from mlxspec.kernels import verify as verify_kernel
+
+    backend, status = verify_kernel.resolve("on")
+    if backend is None:
+        pytest.skip(f"the verify kernel is {status}")
+    model = verify_kernel.routed_view(make_tiny("llama", seed=0, logit_scale=3.0), backend)
+    calls = []
+    original = attention.KernelAttention.per_row
+    monkeypatch.setattr(
+        attention.KernelAttention, "per_row", lambda self, *a: calls.append(1) or original(self, *a)
+    )
+    prompts, inputs = [[1, 2, 3], [4, 5, 6, 7, 1, 2], [3]], [[1, 2], [3], [4, 5, 6, 0]]
+    batched, alone = [make_prompt_cache(model) for _ in prompts], [make_prompt_cache(model) for _ in prompts]
+    for prompt, a, b in zip(prompts, batched, alone):
+        model(mx.array(prompt)[None], cache=a)
+        model(mx.array(prompt)[None], cache=b)
+    replies = run_all([ForwardRequest(model, mx.array(x), c) for x, c in zip(inputs, batched)])
+    assert len(calls) == len(model.layers)  # one per layer: every layer attended row by row
+    for x, b, (logits, _) in zip(inputs, alone, replies):
+        single, _ = run_alone(ForwardRequest(model, mx.array(x), b))
+        assert mx.array_equal(logits, single).item()

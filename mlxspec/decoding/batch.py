@@ -8,9 +8,11 @@ queries are masked out, never zero keys standing in for rejected ones (a zero ke
 softmax). RoPE reads each row's own position (`offset` is an array over rows, as mlx-lm's BatchKVCache gives).
 After the forward each row drops the padding it was fed past its own inputs.
 
-The price of keeping the rows' caches apart is a copy of every row's keys and values per layer per step (the
-stack). mlx-lm's BatchKVCache avoids it with one shared buffer but trims all rows by one count; a ragged buffer
-with a write position per row would avoid both and is left for later.
+Keeping the rows' caches apart would cost a copy of every row's keys and values per layer per step (the stack).
+Where the target's attention is routed through the verify kernel (kernels/attention.py), it asks the view for
+each row's own keys (`row_views`) and attends row by row, as each row alone would, so the stacked arrays, built
+lazily, are never computed. Elsewhere (the kernel off, a family with its own attention) the stack is what attends.
+mlx-lm's BatchKVCache avoids the copy with one shared buffer but trims all rows by one count.
 
 Only rows whose every layer cache is a plain KVCache are batched (`batchable`); the others (windows, quantized KV,
 recurrent layers) run their forwards alone between the batched ones, exact either way.
@@ -35,6 +37,7 @@ class BatchedLayerCache:
 
     def __init__(self, rows: list[KVCache], width: int):
         self.rows, self.width = rows, width
+        self.fetched: list[tuple[KVCache, mx.array, mx.array]] = []  # set by update_and_fetch, per row
         self.starts = [c.offset for c in rows]  # each row's position before this forward
         self.length = max(self.starts) + width  # keys per row in the stacked view
 
@@ -48,10 +51,16 @@ class BatchedLayerCache:
         last = mx.array(self.starts)[:, None, None] + mx.arange(N)[None, :, None]
         return (keys <= last)[:, None]
 
+    def row_views(self) -> list[tuple[KVCache, mx.array, mx.array]]:
+        """(row cache, its keys, its values) per row, as the last update_and_fetch left them."""
+        return self.fetched
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         stacked_keys, stacked_values = [], []
+        self.fetched = []
         for r, cache in enumerate(self.rows):
             k, v = cache.update_and_fetch(keys[r : r + 1], values[r : r + 1])
+            self.fetched.append((cache, k, v))
             pad = [(0, 0), (0, 0), (0, self.length - k.shape[2]), (0, 0)]
             stacked_keys.append(mx.pad(k, pad))
             stacked_values.append(mx.pad(v, pad))

@@ -32,11 +32,21 @@ class KernelAttention:
         self.max_rows = max_rows
 
     def __call__(self, queries, keys, values, cache, scale: float, mask, sinks=None) -> mx.array:
+        row_views = getattr(cache, "row_views", None)  # rows decoding together (decoding/batch.py)
+        if row_views is not None and sinks is None:
+            return self.per_row(queries, row_views(), scale)
         args = self.kernel_arguments(queries, keys, values, cache, mask, sinks)
         if args is None:
             return mlx_lm_base.scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks)
         kernel_mask, causal = args
         return self.backend.attention(queries, keys, values, scale, kernel_mask, causal)
+
+    def per_row(self, queries: mx.array, rows: list, scale: float) -> mx.array:
+        """Each row's queries [1, H, L, D] against its own cache's keys, as that row's forward alone computes them
+        (causal over its own keys): the padded, stacked keys of the batched view are then never computed."""
+        mask = "causal" if queries.shape[2] > 1 else None
+        outputs = [self(queries[r : r + 1], k, v, cache, scale, mask) for r, (cache, k, v) in enumerate(rows)]
+        return mx.concatenate(outputs)
 
     def kernel_arguments(self, queries, keys, values, cache, mask, sinks) -> tuple[mx.array | None, bool] | None:
         """(mask for the kernel, causal) when the kernel takes this call, else None."""
