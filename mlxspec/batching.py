@@ -10,6 +10,7 @@ one row (its drafter raising, say) ends that row alone.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,11 +34,64 @@ class Row:
     finish: str | None = None
 
 
+WINDOW_ROUNDS = 4  # rounds the governor holds a mode; the first of each is not timed (it finishes the last mode's)
+PROBE_EVERY_WINDOWS = 6  # windows between probes of the mode the governor does not run
+GOVERNOR_MEMORY = 0.5  # forgetting of the measured tokens per second, per window
+
+
+class DraftingGovernor:
+    """Whether drafting pays for a batch as a whole, measured. The cost curve rows read (costs.expected_speedup) is a
+    single row's and misses what each drafting row adds to a round (its draft forwards, run one row after another,
+    and its own acceptance). So the governor holds a mode (drafting allowed, or every row decoding plainly) for a
+    window of WINDOW_ROUNDS rounds, times the window's tokens per second by batch size, runs the faster mode, and
+    probes the other every PROBE_EVERY_WINDOWS windows. A round's tokens come from the forward queued the round
+    before, so each window's first round (which finishes the previous mode's forward) is not timed. One row alone
+    is left to its own controller (it times its own steps)."""
+
+    def __init__(self) -> None:
+        self.rates: dict[tuple[int, bool], float] = {}  # (rows, drafting allowed) -> tokens per second
+        self.mode, self.rows, self.round_in_window, self.windows = True, 0, WINDOW_ROUNDS, 0
+        self.tokens, self.seconds = 0, 0.0
+
+    def allows(self, rows: int) -> bool:
+        """The mode of the coming round with this many rows."""
+        if rows <= 1:
+            self.rows = rows
+            return True
+        if rows != self.rows or self.round_in_window >= WINDOW_ROUNDS:
+            self._close_window()
+            self.rows, self.round_in_window, self.windows = rows, 0, self.windows + 1
+            self.mode = self._choose(rows)
+        self.round_in_window += 1
+        return self.mode
+
+    def _choose(self, rows: int) -> bool:
+        drafting, plain = self.rates.get((rows, True)), self.rates.get((rows, False))
+        if drafting is None or plain is None:
+            return drafting is None  # measure drafting first, then plain
+        best = drafting >= plain
+        return not best if self.windows % PROBE_EVERY_WINDOWS == 0 else best
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """The round just run: every row stepped (no prompt chunk, no row ending) and it took `seconds`."""
+        if self.rows > 1 and self.round_in_window > 1:
+            self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
+
+    def _close_window(self) -> None:
+        if self.seconds > 0 and self.tokens > 0:
+            key, rate = (self.rows, self.mode), self.tokens / self.seconds
+            old = self.rates.get(key)
+            self.rates[key] = rate if old is None else GOVERNOR_MEMORY * old + (1 - GOVERNOR_MEMORY) * rate
+        self.tokens, self.seconds = 0, 0.0
+
+
 class BatchRows:
     """The rows decoding together; `round()` runs one step of every row."""
 
     def __init__(self) -> None:
         self.rows: list[Row] = []
+        self.governor = DraftingGovernor()
+        self.drafting = True  # this round's mode (Speculator.events' `may_draft` reads it)
 
     def count(self) -> int:
         """How many rows decode together now (Speculator.events' `rows`): each row's draft length follows it."""
@@ -54,11 +108,21 @@ class BatchRows:
         row.done = True
         self.rows.remove(row)
 
+    def may_draft(self) -> bool:
+        return self.drafting
+
     def round(self) -> list[Row]:
         """Advance every row by one step (or one prompt chunk); the rows that finished or failed, removed."""
+        count = len(self.rows)
+        self.drafting = self.governor.allows(count)
+        before = sum(len(row.tokens) for row in self.rows)
+        start = time.perf_counter()
         waiting = [row for row in self.rows if self._advance(row)]
         for row, reply in zip(waiting, run_all([row.request for row in waiting])):
             row.reply, row.request = reply, None
+        if len(waiting) == count:  # every row stepped (no prompt chunk, no row ending): a round to compare
+            tokens = sum(len(row.tokens) for row in self.rows) - before
+            self.governor.observe(tokens, time.perf_counter() - start)
         finished = [row for row in self.rows if row.done]
         self.rows = [row for row in self.rows if not row.done]
         return finished
@@ -105,7 +169,7 @@ def generate_batch(speculator, prompts: list, options: Any = None, max_batch: in
         while waiting and len(rows.rows) < limit:
             i = waiting.pop(0)
             stats = Stats()
-            index[id(rows.add(speculator.events(prompts[i], runs[i], stats, rows.count), stats))] = i
+            index[id(rows.add(speculator.events(prompts[i], runs[i], stats, rows.count, rows.may_draft), stats))] = i
         for row in rows.round():
             results[index[id(row)]] = row
     failed = next((results[i].error for i in range(len(prompts)) if results[i].error is not None), None)

@@ -155,10 +155,13 @@ class Speculator:
             )
         return (options or self.options).updated(**changes).validate(self.vocab_size)
 
-    def events(self, prompt: str | list[int], options: DecodeOptions, stats: Stats, rows: Any = None):
+    def events(
+        self, prompt: str | list[int], options: DecodeOptions, stats: Stats, rows: Any = None, may_draft: Any = None
+    ):
         """One run as a generator of Chunks and of the target forwards it needs (forward.ForwardRequest), each
         answered by whoever drives it: alone (stream) or batched with other runs' (batching.py). `stats` fills
-        as it goes; `rows()` says how many rows decode together now (this one included)."""
+        as it goes; `rows()` says how many rows decode together now (this one included), and `may_draft()` whether
+        the batch lets rows draft this round (batching.DraftingGovernor)."""
         tokens = self.fit_context(self.encode(prompt, options.chat), options, stats)
         stats.prompt_tokens = len(tokens)
         healed_text, first_token_mask = "", None
@@ -198,6 +201,8 @@ class Speculator:
         )
         if rows is not None:
             engine.rows = rows
+        if may_draft is not None:
+            engine.may_draft = may_draft
         try:
             yield from self._run(engine, reuse, tokens, options, stats, healed_text)
         finally:  # finished, stopped by the caller, or failed: only a run that is between steps leaves a usable state

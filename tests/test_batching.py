@@ -213,9 +213,7 @@ def test_through_the_kernels_attention_each_row_attends_alone_without_the_stacke
     model = verify_kernel.routed_view(make_tiny("llama", seed=0, logit_scale=3.0), backend)
     calls = []
     original = attention.KernelAttention.per_row
-    monkeypatch.setattr(
-        attention.KernelAttention, "per_row", lambda self, *a: calls.append(1) or original(self, *a)
-    )
+    monkeypatch.setattr(attention.KernelAttention, "per_row", lambda self, *a: calls.append(1) or original(self, *a))
     prompts, inputs = [[1, 2, 3], [4, 5, 6, 7, 1, 2], [3]], [[1, 2], [3], [4, 5, 6, 0]]
     batched, alone = [make_prompt_cache(model) for _ in prompts], [make_prompt_cache(model) for _ in prompts]
     for prompt, a, b in zip(prompts, batched, alone):
@@ -226,3 +224,22 @@ def test_through_the_kernels_attention_each_row_attends_alone_without_the_stacke
     for x, b, (logits, _) in zip(inputs, alone, replies):
         single, _ = run_alone(ForwardRequest(model, mx.array(x), b))
         assert mx.array_equal(logits, single).item()
+
+
+def test_the_governor_runs_the_faster_mode_for_a_batch_and_keeps_probing_the_other():
+    """Windows of rounds timed by batch size: drafting is tried first, then plain; the faster runs, with a probe of
+    the other every few windows; one row alone is never governed; a window's first round is not timed."""
+    from mlxspec.batching import PROBE_EVERY_WINDOWS, WINDOW_ROUNDS, DraftingGovernor
+
+    governor = DraftingGovernor()
+    speed = {True: 10.0, False: 25.0}  # tokens per second of drafting and plain rounds
+    modes = []
+    for _ in range(WINDOW_ROUNDS * PROBE_EVERY_WINDOWS * 3):
+        mode = governor.allows(8)
+        modes.append(mode)
+        governor.observe(int(speed[mode] * 10), 10.0 if governor.round_in_window > 1 else 1000.0)
+    windows = modes[::WINDOW_ROUNDS]
+    assert windows[:2] == [True, False]  # drafting measured first, then plain
+    assert windows[2:].count(False) > windows[2:].count(True) and True in windows[2:]  # plain wins, probes draft
+    assert governor.rates[(8, False)] == pytest.approx(25.0) and governor.rates[(8, True)] == pytest.approx(10.0)
+    assert all(governor.allows(1) for _ in range(20))  # alone: its own controller decides

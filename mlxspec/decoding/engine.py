@@ -95,6 +95,7 @@ class SpeculativeEngine:
         # no forward of its own ahead (it would miss the batched forward), and the draft length is chosen for the
         # batch's total tokens.
         self.rows: Callable[[], int] = lambda: 1
+        self.may_draft: Callable[[], bool] = lambda: True  # False: the batch's governor has adaptive rows decode plainly
         self.row_steps = 0  # the sum over steps of the rows that decoded together (its mean goes to usage)
         self.prompt_snapshot: tuple[int, Snapshot] | None = None  # recurrent targets: the state after prefill
         self.target_calls = 0
@@ -189,6 +190,8 @@ class SpeculativeEngine:
         self.row_steps += rows
         budget = self.num_draft if self.controller is None else min(self.num_draft, self.controller.next_length(rows))
         budget = min(budget, max_new_tokens - 1)
+        if self.controller is not None and not self.may_draft():
+            budget = 0  # an adaptive row in a batch whose rounds run faster plain (batching.DraftingGovernor)
         if self.first_token_mask is not None:
             budget = 0  # the constrained first token is decoded plainly
         assert budget == 0 or self._prefetched is None  # a forward is queued only for a plain step (_next_is_plain)

@@ -158,7 +158,7 @@ class Worker:
                     job.emit("error", shutting_down())
                     continue
                 stats = Stats()
-                events = self.speculator.events(job.tokens, job.options, stats, rows.count)
+                events = self.speculator.events(job.tokens, job.options, stats, rows.count, rows.may_draft)
                 jobs[id(rows.add(events, stats, lambda chunk, job=job: job.emit("chunk", chunk)))] = job
             for row in list(rows.rows):  # a client gone, or the server stopping: its row leaves now
                 job = jobs[id(row)]
