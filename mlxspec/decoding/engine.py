@@ -95,7 +95,7 @@ class SpeculativeEngine:
         # no forward of its own ahead (it would miss the batched forward), and the draft length is chosen for the
         # batch's total tokens.
         self.rows: Callable[[], int] = lambda: 1
-        self.may_draft: Callable[[], bool] = lambda: True  # False: the batch's governor has adaptive rows decode plainly
+        self.may_draft: Callable[[], bool] = lambda: True  # False: the batch governor has adaptive rows go plain
         self.row_steps = 0  # the sum over steps of the rows that decoded together (its mean goes to usage)
         self.prompt_snapshot: tuple[int, Snapshot] | None = None  # recurrent targets: the state after prefill
         self.target_calls = 0
