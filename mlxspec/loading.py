@@ -30,6 +30,12 @@ class LoadedModel:
     path: Path
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the model's output: every id it reads or writes (the embedding may be padded past the tokenizer)."""
+        args = getattr(self.model, "args", None)
+        return getattr(args, "vocab_size", None) or len(self.tokenizer.get_vocab())
+
+    @property
     def context_length(self) -> int | None:
         for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
             if isinstance(self.config.get(key), int):

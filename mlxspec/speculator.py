@@ -98,8 +98,7 @@ class Speculator:
     @property
     def vocab_size(self) -> int:
         """Rows of the target's output: every id a prompt may hold."""
-        args = getattr(self.target.model, "args", None)
-        return getattr(args, "vocab_size", None) or len(self.tokenizer.get_vocab())
+        return self.target.vocab_size
 
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
         if isinstance(prompt, (list, tuple)):

@@ -169,11 +169,5 @@ def cross_tokenizer_bridge(target: LoadedModel, draft: LoadedModel) -> tuple[Any
     mismatch = tokenizer_mismatch(target.tokenizer, draft.tokenizer)
     if not mismatch:
         return None, ""
-    bridge = VocabBridge(target.tokenizer, draft.tokenizer, _logits_width(target), _logits_width(draft))
+    bridge = VocabBridge(target.tokenizer, draft.tokenizer, target.vocab_size, draft.vocab_size)
     return bridge, f"draft '{draft.path}' has another tokenizer ({mismatch}): {bridge.describe()}"
-
-
-def _logits_width(loaded: LoadedModel) -> int:
-    """The width of the model's logits: its config's vocab_size (embeddings may be padded past the tokenizer)."""
-    args = getattr(loaded.model, "args", None)
-    return getattr(args, "vocab_size", None) or loaded.config.get("vocab_size") or len(loaded.tokenizer.get_vocab())

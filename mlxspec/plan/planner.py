@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from mlxspec.plan import memory_model as mm
 from mlxspec.plan import rank_split as rs
@@ -98,12 +100,18 @@ def draft_tokens_per_target_token(target: ModelMetadata, draft: ModelMetadata) -
     is not on disk to compare), else measured on RATIO_SAMPLE."""
     if target.tokenizer_file is None or draft.tokenizer_file is None:
         return 1.0
-    if target.tokenizer_file.read_bytes() == draft.tokenizer_file.read_bytes():
+    return _tokens_ratio(str(target.tokenizer_file), str(draft.tokenizer_file))
+
+
+@functools.lru_cache(maxsize=8)
+def _tokens_ratio(target_file: str, draft_file: str) -> float:
+    """Read and tokenize once per pair: memory_items runs at every step of max_context's search."""
+    if Path(target_file).read_bytes() == Path(draft_file).read_bytes():
         return 1.0
     try:
         from tokenizers import Tokenizer
 
-        counts = [len(Tokenizer.from_file(str(m.tokenizer_file)).encode(RATIO_SAMPLE).ids) for m in (target, draft)]
+        counts = [len(Tokenizer.from_file(f).encode(RATIO_SAMPLE).ids) for f in (target_file, draft_file)]
     except Exception:  # noqa: BLE001 - an unreadable tokenizer only loses the estimate
         return 1.0
     return counts[1] / counts[0] if counts[0] else 1.0
