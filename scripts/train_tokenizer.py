@@ -18,9 +18,11 @@ from mlxspec.drafting.corpus import read_text, split_files  # noqa: E402
 EOS = "<|endoftext|>"
 
 
-def train_tokenizer(vocab_size: int) -> Tokenizer:
-    train_files, _ = split_files()
-    texts = [t for t in (read_text(p) for p in train_files) if t is not None]
+def train_tokenizer(vocab_size: int, texts: list[str] | None = None, show_progress: bool = True) -> Tokenizer:
+    """The byte-level BPE on `texts` (default: the stdlib training files); tests train small ones on a few files."""
+    if texts is None:
+        train_files, _ = split_files()
+        texts = [t for t in (read_text(p) for p in train_files) if t is not None]
     tok = Tokenizer(models.BPE())
     # GPT-2 style byte-level pre-tokenization: lossless, and keeps "newline + indent" runs together.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -31,7 +33,7 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
         special_tokens=[EOS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=2,
-        show_progress=True,
+        show_progress=show_progress,
     )
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return tok

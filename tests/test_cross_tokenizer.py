@@ -14,6 +14,8 @@ sampled); the output is the target's own either way.
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -36,31 +38,19 @@ CODE = [
 ]
 
 
-def _bpe_tokenizer_dir(path, vocab_size: int, texts: list[str]):
-    """A byte-level BPE of `vocab_size` trained on `texts`, saved as an mlx-lm tokenizer (as train_tokenizer.py)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def _bpe_tokenizer_dir(path, vocab_size: int, texts: list[str]) -> int:
+    """A byte-level BPE of at most `vocab_size` tokens trained on `texts`, saved as scripts/train_tokenizer.py saves
+    the embedded family's; its size."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from train_tokenizer import save, train_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    path.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": None}
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = train_tokenizer(vocab_size, texts, show_progress=False)
+    save(tok, path)
     return tok.get_vocab_size()
 
 
 def _corpus() -> list[str]:
     import sysconfig
-    from pathlib import Path
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     return [(stdlib / name).read_text() for name in ("json/decoder.py", "json/encoder.py", "textwrap.py")] + CODE
