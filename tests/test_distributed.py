@@ -77,21 +77,41 @@ HANG_LIMIT = 1800
 
 
 def launch(script: Path, *args: str, timeout: float = HANG_LIMIT) -> subprocess.CompletedProcess:
-    """Two ranks on free ports: mlx.launch's fixed default ports would collide between parallel test workers."""
-    command = [*LAUNCH, "--starting-port", str(free_port_pair()), str(script), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    """Two ranks on free ports: mlx.launch's fixed default ports would collide between parallel test workers. A port
+    can still be taken between the check and the rank's bind (another worker's connection); the ring then fails with
+    EADDRINUSE before any rank runs the script, and only then is the launch retried on other ports."""
+    for _ in range(PORT_TRIES):
+        command = [*LAUNCH, "--starting-port", str(free_port_pair()), str(script), *args]
+        run = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        if PORT_TAKEN not in run.stderr:
+            return run
+    return run
+
+
+PORT_TAKEN = "[ring] Couldn't bind socket (error: 98)"  # errno 98: EADDRINUSE
+PORT_TRIES = 5
 
 
 def free_port_pair() -> int:
-    """A port p with p + 1 free too (mlx.launch gives rank r the port p + r)."""
+    """A port p with p + 1 free too (mlx.launch gives rank r the port p + r), drawn below the kernel's ephemeral range
+    so that no outgoing connection (the server tests', the other ranks') is handed it meanwhile."""
+    low = ephemeral_port_floor()
+    rng = np.random.default_rng()
     while True:
-        first = free_port()
-        with socket.socket() as s:
+        first = int(rng.integers(max(1024, low // 2), low - 1))
+        with socket.socket() as a, socket.socket() as b:
             try:
-                s.bind(("127.0.0.1", first + 1))
+                a.bind(("127.0.0.1", first))
+                b.bind(("127.0.0.1", first + 1))
                 return first
             except OSError:
                 continue
+
+
+def ephemeral_port_floor() -> int:
+    """Linux's lowest ephemeral port; elsewhere (macOS) the IANA range's, 49152."""
+    ports = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    return int(ports.read_text().split()[0]) if ports.exists() else 49152
 
 
 def json_objects(text: str) -> list[dict]:
@@ -113,7 +133,7 @@ def json_objects(text: str) -> list[dict]:
 def rank_lines(run: subprocess.CompletedProcess) -> list[dict]:
     assert run.returncode == 0, run.stderr[-2000:]
     ranks = sorted(json_objects(run.stdout), key=lambda r: r["rank"])
-    assert [r["rank"] for r in ranks] == [0, 1]
+    assert [r["rank"] for r in ranks] == [0, 1], run.stderr[-2000:]
     return ranks
 
 
