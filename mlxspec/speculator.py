@@ -16,9 +16,7 @@ from mlxspec.decoding.draft import Drafter
 from mlxspec.decoding.forward import drive_alone
 from mlxspec.decoding.prompt_cache import PromptCache, Reuse
 from mlxspec.drafting.describe import describe_drafter
-from mlxspec.drafting.draft_model import DraftModelDrafter
-from mlxspec.drafting.factory import make_drafter
-from mlxspec.drafting.lookup import PromptLookupDrafter
+from mlxspec.drafting.provider import DrafterProvider
 from mlxspec.drafting.suffix_index import DEFAULT_SUFFIX_BUDGET, SuffixIndex
 from mlxspec.drafting.vocab_bridge import cross_tokenizer_bridge
 from mlxspec.errors import UserError
@@ -70,11 +68,10 @@ class Speculator:
         self.feature_head = feature_head  # feature_head.FeatureHead (EAGLE or MTP) or None
         self.dflash = dflash  # dflash_model.DFlashDraftModel or None
         self.options = (options or DecodeOptions()).validate()
-        self._successors = None  # prompt lookup's corpus table, loaded on first use
-        self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
+        # Each run's drafter and draft-length controller (drafting/provider.py).
+        self.drafting = DrafterProvider(target, draft, medusa, feature_head, dflash, self.vocab_bridge)
         self.last_stats = Stats()
         self._routed_counts: dict[tuple[int, int], int] = {}
-        self._block_costs: dict[bool, float] = {}  # seconds of one DFlash proposal, greedy and sampled
         # prompt_cache N > 0: the last N runs keep their caches, and a next prompt prefills only past its longest
         # common prefix with one of them (a chat or server resending conversations). A running stream holds its
         # caches alone: another stream started meanwhile takes another entry or starts cold.
@@ -179,7 +176,9 @@ class Speculator:
         head = verify_kernel.routed_view(self.feature_head, backend) if self.feature_head is not None else None
         stats.kernel = f"{backend.name} ({self._routed_layers(target, head)} layers)" if backend is not None else status
         options, tree_note = self._chain_if_no_trees(options)
-        drafter, controller, stats.note = self._drafting(options, target, head)
+        suffix_index = self._suffix_index() if options.suffix else None
+        drafting = self.drafting.for_run(options, target, head, suffix_index, lookup_by_default=self.options.lookup)
+        drafter, controller, stats.note = drafting.drafter, drafting.controller, drafting.note
         stats.note = stats.note or tree_note
         stats.mode = describe_drafter(drafter, options)
         depth = min(options.depth, drafter.max_depth or options.depth) if drafter is not None else 0
@@ -283,98 +282,6 @@ class Speculator:
         depth = options.num_draft if options.adaptive else options.depth
         chain = options.updated(tree_topk=1, tree_nodes=None, lookup_candidates=1, num_draft=depth)
         return chain, f"{why}; drafting a chain instead"
-
-    def _drafting(self, options: DecodeOptions, target: Any, head: Any) -> tuple[Drafter | None, Any, str]:
-        """(drafter, adaptive controller, a note when falling back to plain decoding) for these options; `target`
-        and `head`: the target model and feature head as this run calls them (routed through the kernel or not)."""
-        from mlxspec.cache.rollback import rollback_blocker
-        from mlxspec.drafting.cross_tokenizer import CrossTokenizerDrafter
-        from mlxspec.drafting.dflash import DFlashDrafter
-        from mlxspec.drafting.feature_drafter import FeatureDrafter
-
-        drafters = (self.draft, self.medusa, self.feature_head, self.dflash)
-        wants_model = options.use_draft and any(x is not None for x in drafters)
-        if not (wants_model or options.lookup):
-            return make_drafter(options), None, ""  # None, or the refusal of a tree with nothing to branch
-        if self._blocker is None:  # the target's cache layout does not change: look once
-            self._blocker = rollback_blocker(self.target.model) or ""
-        blocker = self._blocker or None
-        if blocker is not None:
-            if not self.options.lookup or wants_model:  # asked for by name: refuse rather than silently not draft
-                from mlxspec.cache.rollback import cannot_roll_back
-
-                raise cannot_roll_back(self.target.model, blocker)
-            note = f"the target keeps recurrent state ({blocker}) that cannot be rolled back; decoding plainly"
-            return None, None, note
-        successors = self.corpus_successors() if options.lookup and options.corpus_fallback else None
-        drafter = make_drafter(
-            options,
-            draft_model=self.draft.model if self.draft is not None else None,
-            medusa=self.medusa,
-            target_model=target,
-            successors=successors,
-            feature_head=head,
-            dflash=self.dflash,
-            suffix_index=self._suffix_index() if options.suffix else None,
-            vocab_bridge=self.vocab_bridge,
-        )
-        controller = None
-        if (
-            options.adaptive
-            and options.tree_topk == 1
-            and isinstance(
-                drafter, (DraftModelDrafter, CrossTokenizerDrafter, PromptLookupDrafter, FeatureDrafter, DFlashDrafter)
-            )
-        ):
-            controller = self.draft_length_controller(
-                options.depth,
-                with_draft=isinstance(drafter, (DraftModelDrafter, CrossTokenizerDrafter)),
-                kernel=options.kernel,
-                block_seconds=(
-                    self._block_seconds(drafter, target, options) if isinstance(drafter, DFlashDrafter) else 0.0
-                ),
-            )
-            if not controller.can_win:
-                return None, None, "verification costs too much on this device for drafting to pay; decoding plainly"
-            if isinstance(drafter, PromptLookupDrafter):
-                controller = None  # lookup drafts what matches, up to k; the curve only decides whether to draft
-        return drafter, controller, ""
-
-    def draft_length_controller(
-        self, max_draft: int, with_draft: bool = True, kernel: str = "auto", block_seconds: float = 0.0
-    ):
-        """Adaptive draft length from this device's measured cost curve (measured once, then cached); a block
-        drafter's one forward per step (block_seconds) is paid whatever the length."""
-        from dataclasses import replace
-
-        from mlxspec.decoding.costs import DraftLengthController, model_curve
-
-        draft = self.draft if with_draft else None
-        # Up to 64 tokens: a batch of rows verifies rows * (k + 1) tokens in one forward (batching.py).
-        sizes = tuple(sorted({*range(1, max_draft + 2), 16, 32, 64}))
-        curve = model_curve(self.target, draft, sizes, kernel=kernel)
-        # Every drafter pauses where no length pays: decoding plainly, with a one-token probe every few steps, costs
-        # less than a draft token per step that is rarely accepted (the default on the embedded models ran at
-        # 0.87-0.95x plain without it).
-        return DraftLengthController(replace(curve, draft_block=block_seconds), max_draft, pause=True)
-
-    def _block_seconds(self, drafter, target, options: DecodeOptions) -> float:
-        """One block drafter proposal at context 256, drawn as these options draw it (greedy, or sampled with the
-        filters), timed once per Speculator and kind."""
-        key = options.sampling.greedy
-        if key not in self._block_costs:
-            from mlxspec.drafting.dflash import block_seconds
-
-            self._block_costs[key] = block_seconds(drafter.model, target, options.sampling)
-        return self._block_costs[key]
-
-    def corpus_successors(self):
-        """Prompt lookup's fallback table for this tokenizer (built once per machine, then read once per load)."""
-        if self._successors is None:
-            from mlxspec.drafting.ngram_table import corpus_successors
-
-            self._successors = corpus_successors(self.tokenizer, self.vocab_size)
-        return self._successors
 
     def generate_batch(
         self, prompts: list, options: DecodeOptions | list[DecodeOptions] | None = None, max_batch: int | None = None

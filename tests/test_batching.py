@@ -187,7 +187,7 @@ def test_a_full_batch_drafts_less_and_stays_exact(embedded, monkeypatch):
 
     spec = embedded
     monkeypatch.setattr(
-        type(spec),
+        type(spec.drafting),
         "draft_length_controller",
         lambda self, max_draft, **kwargs: DraftLengthController(_knee_curve(4), max_draft, prior_alpha=0.8, pause=True),
     )

@@ -132,5 +132,5 @@ def test_every_drafters_adaptive_length_pauses_where_drafting_cannot_pay(tiny_di
     import mlxspec
 
     speculator = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["target"])
-    assert speculator.draft_length_controller(4).pause
-    assert speculator.draft_length_controller(4, with_draft=False).pause
+    assert speculator.drafting.draft_length_controller(4).pause
+    assert speculator.drafting.draft_length_controller(4, with_draft=False).pause

@@ -78,7 +78,7 @@ def test_medusa_drafts_are_accepted(embedded, medusa, options, mode):
 def test_the_corpus_fallback_alone_gets_drafts_accepted(embedded):
     """Lookup that can never match (n-grams of 100 tokens) drafts only from the corpus bigram table."""
     spec, prompt, expected = embedded
-    drafter = PromptLookupDrafter(min_ngram=100, max_ngram=100, successors=spec.corpus_successors())
+    drafter = PromptLookupDrafter(min_ngram=100, max_ngram=100, successors=spec.drafting.corpus_successors())
     engine = build_engine(spec.target.model, drafter, DecodeOptions(num_draft=4))
     engine.prefill(prompt)
     tokens, accepted, drafted = [], 0, 0

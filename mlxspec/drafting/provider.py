@@ -1,0 +1,142 @@
+"""Each run's drafter and adaptive draft-length controller, built from one load's drafters.
+
+A Speculator holds one DrafterProvider. Per run it is asked for a drafter for that run's options (drafters keep
+per-run state, so every run gets its own) and, where the draft length adapts, the controller that picks it. What
+is found or measured once per load is kept here: whether the target's cache can roll back at all, prompt lookup's
+corpus table, and a block drafter's time per proposal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mlxspec.cache.rollback import cannot_roll_back, rollback_blocker
+from mlxspec.decoding.costs import DraftLengthController, model_curve
+from mlxspec.decoding.draft import Drafter
+from mlxspec.drafting.cross_tokenizer import CrossTokenizerDrafter
+from mlxspec.drafting.dflash import DFlashDrafter, block_seconds
+from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.drafting.factory import make_drafter
+from mlxspec.drafting.feature_drafter import FeatureDrafter
+from mlxspec.drafting.lookup import PromptLookupDrafter
+from mlxspec.drafting.suffix_index import SuffixIndex
+from mlxspec.drafting.vocab_bridge import VocabBridge
+from mlxspec.loading import LoadedModel
+from mlxspec.options import DecodeOptions
+
+# Drafters whose draft length the controller may set; trees and the rest draft what their options say.
+ADAPTIVE = (DraftModelDrafter, CrossTokenizerDrafter, PromptLookupDrafter, FeatureDrafter, DFlashDrafter)
+
+TOO_COSTLY = "verification costs too much on this device for drafting to pay; decoding plainly"
+
+
+@dataclass
+class RunDrafting:
+    """What one run drafts with: the drafter (None: plain decoding), its controller (None: a fixed length), and a
+    note when the run falls back to plain decoding."""
+
+    drafter: Drafter | None
+    controller: DraftLengthController | None = None
+    note: str = ""
+
+
+class DrafterProvider:
+    """The loaded drafters (at most one of draft, medusa, feature_head, dflash) and what is measured once for them."""
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None = None,
+        medusa: Any = None,
+        feature_head: Any = None,
+        dflash: Any = None,
+        vocab_bridge: VocabBridge | None = None,
+    ):
+        self.target, self.draft, self.medusa = target, draft, medusa
+        self.feature_head, self.dflash, self.vocab_bridge = feature_head, dflash, vocab_bridge
+        self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
+        self._successors = None  # prompt lookup's corpus table, loaded on first use
+        self._block_costs: dict[bool, float] = {}  # seconds of one DFlash proposal, greedy and sampled
+
+    @property
+    def has_model_drafter(self) -> bool:
+        return any(x is not None for x in (self.draft, self.medusa, self.feature_head, self.dflash))
+
+    def for_run(
+        self,
+        options: DecodeOptions,
+        target: Any,
+        head: Any,
+        suffix_index: SuffixIndex | None = None,
+        lookup_by_default: bool = False,
+    ) -> RunDrafting:
+        """The drafting of one run with these options; `target` and `head`: the target model and feature head as
+        this run calls them (routed through the verify kernel or not). `lookup_by_default`: prompt lookup is on for
+        every run of this load, so a target that cannot roll back decodes plainly (with a note) instead of refusing
+        a run that did not ask for lookup itself."""
+        wants_model = options.use_draft and self.has_model_drafter
+        if not (wants_model or options.lookup):
+            return RunDrafting(make_drafter(options))  # None, or the refusal of a tree with nothing to branch
+        if self._blocker is None:  # the target's cache layout does not change: look once
+            self._blocker = rollback_blocker(self.target.model) or ""
+        if self._blocker:
+            if wants_model or not lookup_by_default:  # asked for by name: refuse rather than silently not draft
+                raise cannot_roll_back(self.target.model, self._blocker)
+            note = f"the target keeps recurrent state ({self._blocker}) that cannot be rolled back; decoding plainly"
+            return RunDrafting(None, None, note)
+        drafter = make_drafter(
+            options,
+            draft_model=self.draft.model if self.draft is not None else None,
+            medusa=self.medusa,
+            target_model=target,
+            successors=self.corpus_successors() if options.lookup and options.corpus_fallback else None,
+            feature_head=head,
+            dflash=self.dflash,
+            suffix_index=suffix_index if options.suffix else None,
+            vocab_bridge=self.vocab_bridge,
+        )
+        if not (options.adaptive and options.tree_topk == 1 and isinstance(drafter, ADAPTIVE)):
+            return RunDrafting(drafter)
+        is_block = isinstance(drafter, DFlashDrafter)
+        controller = self.draft_length_controller(
+            options.depth,
+            with_draft=isinstance(drafter, (DraftModelDrafter, CrossTokenizerDrafter)),
+            kernel=options.kernel,
+            block_seconds=self.block_seconds(drafter, target, options) if is_block else 0.0,
+        )
+        if not controller.can_win:
+            return RunDrafting(None, None, TOO_COSTLY)
+        if isinstance(drafter, PromptLookupDrafter):
+            controller = None  # lookup drafts what matches, up to k; the curve only decides whether to draft
+        return RunDrafting(drafter, controller)
+
+    def draft_length_controller(
+        self, max_draft: int, with_draft: bool = True, kernel: str = "auto", block_seconds: float = 0.0
+    ) -> DraftLengthController:
+        """Adaptive draft length from this device's measured cost curve (measured once, then cached); a block
+        drafter's one forward per step (block_seconds) is paid whatever the length."""
+        draft = self.draft if with_draft else None
+        # Up to 64 tokens: a batch of rows verifies rows * (k + 1) tokens in one forward (batching.py).
+        sizes = tuple(sorted({*range(1, max_draft + 2), 16, 32, 64}))
+        curve = model_curve(self.target, draft, sizes, kernel=kernel)
+        # Every drafter pauses where no length pays: decoding plainly, with a one-token probe every few steps, costs
+        # less than a draft token per step that is rarely accepted (the default on the embedded models ran at
+        # 0.87-0.95x plain without it).
+        return DraftLengthController(replace(curve, draft_block=block_seconds), max_draft, pause=True)
+
+    def block_seconds(self, drafter: DFlashDrafter, target: Any, options: DecodeOptions) -> float:
+        """One block drafter proposal at context 256, drawn as these options draw it (greedy, or sampled with the
+        filters), timed once per load and kind."""
+        key = options.sampling.greedy
+        if key not in self._block_costs:
+            self._block_costs[key] = block_seconds(drafter.model, target, options.sampling)
+        return self._block_costs[key]
+
+    def corpus_successors(self):
+        """Prompt lookup's fallback table for this tokenizer (built once per machine, then read once per load)."""
+        if self._successors is None:
+            from mlxspec.drafting.ngram_table import corpus_successors
+
+            self._successors = corpus_successors(self.target.tokenizer, self.target.vocab_size)
+        return self._successors
