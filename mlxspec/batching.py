@@ -1,9 +1,10 @@
 """Continuous batching: many runs of one Speculator decoding together, one batched target forward a step.
 
 Each row is a run as Speculator.events gives it: its own options (sampling, seed, stops, max_tokens), drafter,
-target cache and prompt-cache entry. A round advances every row to its next speculative step's forward (each row
-drafts on its own), answers all those forwards with one batched forward (decoding/batch.py), and lets each row
-accept and roll back on its own. A row's prompt is fed one chunk per round, between the others' steps, so a long
+target cache and prompt-cache entry. A round advances every row to its next speculative step's draft, computes the
+rows' drafts (greedy draft-model chains together, the rest each alone), advances every row to its target forward,
+answers all those forwards with one batched forward (decoding/batch.py), and lets each row accept and roll back on
+its own. A row's prompt is fed one chunk per round, between the others' steps, so a long
 prompt does not stall the rows already decoding. Rows join between rounds and leave when they finish; an error in
 one row (its drafter raising, say) ends that row alone.
 """
@@ -15,8 +16,9 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxspec.decoding.batch import run_all
-from mlxspec.decoding.forward import PREFILL, ForwardRequest, Reply, run_alone
+from mlxspec.decoding.batch import propose_all, run_all
+from mlxspec.decoding.draft import Draft
+from mlxspec.decoding.forward import PREFILL, DraftRequest, ForwardRequest, Reply, run_alone
 from mlxspec.results import Chunk, GenerationResult, Stats
 
 
@@ -25,10 +27,11 @@ class Row:
     events: Generator
     stats: Stats
     on_chunk: Callable[[Chunk], None]
-    reply: Reply | None = None
-    request: ForwardRequest | None = None  # the step forward this row waits on
+    reply: Reply | Draft | None = None
+    request: ForwardRequest | DraftRequest | None = None  # the draft or step forward this row waits on
     done: bool = False
     error: BaseException | None = None
+    failure: Exception | None = None  # its draft's failure, to raise in its run
     pieces: list[str] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None
@@ -118,6 +121,13 @@ class BatchRows:
         before = sum(len(row.tokens) for row in self.rows)
         start = time.perf_counter()
         waiting = [row for row in self.rows if self._advance(row)]
+        # Drafts first, then the forwards (a step may end without a forward, a drafter's None then a queued one,
+        # and its row go on to its next draft: so until every waiting row waits on a forward).
+        while drafting := [row for row in waiting if isinstance(row.request, DraftRequest)]:
+            for row, draft in zip(drafting, propose_all([row.request for row in drafting])):
+                row.reply, row.request = draft, None
+                row.failure = draft if isinstance(draft, Exception) else None
+            waiting = [row for row in waiting if row.request is not None or self._advance(row)]
         for row, reply in zip(waiting, run_all([row.request for row in waiting])):
             row.reply, row.request = reply, None
         if len(waiting) == count:  # every row stepped (no prompt chunk, no row ending): a round to compare
@@ -128,16 +138,23 @@ class BatchRows:
         return finished
 
     def _advance(self, row: Row) -> bool:
-        """Run `row` up to its next step forward (True: it waits for it) or to its end (False)."""
+        """Run `row` up to its next draft or step forward (True: it waits for it) or to its end (False)."""
         try:
             while True:
-                event = row.events.send(row.reply)
+                if row.failure is not None:  # its drafter raised: raised in its run, where propose was asked
+                    failure, row.failure, row.reply = row.failure, None, None
+                    event = row.events.throw(failure)
+                else:
+                    event = row.events.send(row.reply)
                 row.reply = None
                 if isinstance(event, Chunk):
                     row.pieces.append(event.text)
                     row.tokens.extend(event.tokens)
                     row.finish = event.finish_reason or row.finish
                     row.on_chunk(event)
+                elif isinstance(event, DraftRequest):
+                    row.request = event  # the round drafts for every row that asks, together where it can
+                    return True
                 elif event.alone or event.kind == PREFILL:
                     row.reply = run_alone(event)  # now: a tree's forward runs while the model is patched for it
                     if event.kind == PREFILL:

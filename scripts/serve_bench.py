@@ -238,7 +238,7 @@ def batch_table(args, logs: Path) -> dict:
             log = logs / f"serve_bench_batch_{kind}_{len(servers)}.log"
             servers.append((name, Server(kind, args.model, draft, args.k, extra, log)))
         rows = []
-        for clients in (1, 2, 4, 8):
+        for clients in args.loads:
             for name, server in servers:
                 load = load_check(server, clients, args.requests, args.max_tokens)
                 rows.append({"server": name, "command": server.command, **load})
@@ -276,6 +276,7 @@ def main() -> None:
     parser.add_argument("--draft", default=None, help="[default: the embedded draft with the embedded target]")
     parser.add_argument("-k", type=int, default=None, help="draft length [default: mlxspec's auto]")
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--loads", type=int, nargs="+", default=[1, 2, 4, 8], help="batch: the client counts")
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=6)

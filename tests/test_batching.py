@@ -124,12 +124,23 @@ def test_a_row_whose_drafter_raises_fails_alone(embedded, monkeypatch):
     doomed = spec.encode(PROMPTS[1])
     original = DraftModelDrafter.propose
 
+    original_together = DraftModelDrafter.propose_together.__func__
+
+    def is_doomed(drafter) -> bool:
+        return list(drafter.history[: len(doomed)]) == doomed and len(drafter.history) > len(doomed) + 4
+
     def propose(self, *args):
-        if list(self.history[: len(doomed)]) == doomed and len(self.history) > len(doomed) + 4:
+        if is_doomed(self):
             raise MemoryError("out of memory")
         return original(self, *args)
 
+    def propose_together(cls, drafters, num_tokens):  # the rows' greedy chains drafted together (batched_draft.py)
+        if any(is_doomed(d) for d in drafters):
+            raise MemoryError("out of memory")
+        return original_together(cls, drafters, num_tokens)
+
     monkeypatch.setattr(DraftModelDrafter, "propose", propose)
+    monkeypatch.setattr(DraftModelDrafter, "propose_together", classmethod(propose_together))
     rows = BatchRows()
     added = [rows.add(spec.events(p, options, Stats(), rows.count), Stats()) for p in PROMPTS[:3]]
     while rows.rows:

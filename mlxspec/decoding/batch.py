@@ -24,7 +24,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from mlxspec.cache.rollback import rollback
-from mlxspec.decoding.forward import ForwardRequest, Reply, run_alone
+from mlxspec.decoding.draft import Draft
+from mlxspec.decoding.forward import DraftRequest, ForwardRequest, Reply, answer_alone, run_alone
 from mlxspec.decoding.target_features import forward_with_hidden
 
 
@@ -100,3 +101,38 @@ def run_all(requests: list[ForwardRequest]) -> list[Reply]:
         for i, reply in zip(members, run_batched([requests[i] for i in members])):
             replies[i] = reply
     return replies
+
+
+def propose_all(requests: list[DraftRequest]) -> list[Draft | None | Exception]:
+    """Every row's draft, or the exception its drafter raised (for its row alone): drafts whose drafters share a
+    batch key (Drafter.batch_key) computed together, the rest alone. A batched call that raises is retried row by
+    row, so only a row whose own draft fails gets an exception."""
+    drafts: list[Draft | None | Exception] = [None] * len(requests)
+    groups: dict[tuple, list[int]] = {}
+    for i, request in enumerate(requests):
+        key = request.drafter.batch_key(request.num_tokens)
+        if key is None:
+            drafts[i] = _propose_alone(request)
+        else:
+            groups.setdefault((type(request.drafter), key), []).append(i)
+    for (kind, _), members in groups.items():
+        try:
+            if len(members) == 1:
+                raise _Alone
+            together = kind.propose_together([requests[i].drafter for i in members], requests[members[0]].num_tokens)
+        except Exception:  # noqa: BLE001 - one row's failure (or _Alone): each row drafts alone, failing alone
+            together = [_propose_alone(requests[i]) for i in members]
+        for i, draft in zip(members, together):
+            drafts[i] = draft
+    return drafts
+
+
+class _Alone(Exception):
+    """A group of one: drafted by itself."""
+
+
+def _propose_alone(request: DraftRequest) -> Draft | None | Exception:
+    try:
+        return answer_alone(request)
+    except Exception as error:  # noqa: BLE001 - handed to its row (batching.py), which fails alone
+        return error

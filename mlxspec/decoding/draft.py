@@ -8,7 +8,7 @@ Drafters live in mlxspec/drafting/; none of them affects exactness.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,6 +54,16 @@ class Drafter(Protocol):
 
     def propose(self, num_tokens: int, key: mx.array | None) -> Draft | None:
         """Draft about num_tokens tokens (a chain of that length, or a tree that deep) lazily, or None."""
+
+    def batch_key(self, num_tokens: int) -> Hashable | None:
+        """Rows whose drafters give equal keys (and are of one type) may draft in one call, `propose_together`
+        (batching.py); None, the default: this draft runs alone."""
+        return None
+
+    @classmethod
+    def propose_together(cls, drafters: list[Drafter], num_tokens: int) -> list[Draft]:
+        """Each drafter's propose(num_tokens, None), computed together; only for drafters with equal batch keys."""
+        raise NotImplementedError
 
     def accept(self, emitted: list[int], drafted: list[int]) -> None:
         """The step's outcome, already committed to the history: the emitted tokens and, as host ints, the tokens

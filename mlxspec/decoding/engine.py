@@ -13,7 +13,7 @@ from mlxspec.cache.recurrent import Snapshot, recurrent_leaves, rewind, snapshot
 from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
 from mlxspec.decoding.acceptance import accept_node_samples, accept_sampled_chain
 from mlxspec.decoding.draft import Draft, Drafter
-from mlxspec.decoding.forward import PREFILL, EngineState, ForwardRequest, Phases, StepResult, drive
+from mlxspec.decoding.forward import PREFILL, DraftRequest, EngineState, ForwardRequest, Phases, StepResult, drive
 from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
 from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
 
@@ -180,7 +180,7 @@ class SpeculativeEngine:
         return drive(self.step_phases(max_new_tokens))
 
     def step_phases(self, max_new_tokens: int) -> Phases:
-        """step, yielding its target forward as a request (batch.py batches the requests of many rows)."""
+        """step, yielding its draft and its target forward as requests (batch.py batches those of many rows)."""
         self.mid_step = True
         self._mark_time = started = time.perf_counter()
         draft_key = accept_key = None
@@ -197,7 +197,7 @@ class SpeculativeEngine:
         assert budget == 0 or self._prefetched is None  # a forward is queued only for a plain step (_next_is_plain)
         if self.room() is not None:
             budget = min(budget, self.room())
-        draft = self.drafter.propose(budget, draft_key) if budget > 0 else None
+        draft = (yield DraftRequest(self.drafter, budget, draft_key)) if budget > 0 else None
         if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():
             draft = None  # no room in the context to verify it: decode one token instead
         if budget > 0 and self.ranks is not None:  # (every rank has the same budget: it follows emitted tokens)

@@ -1,8 +1,9 @@
 """The target forwards a speculative step asks for, as values: so one driver can run a row's forward alone, and a
 batch driver (batch.py) can run the forwards of many rows as one batched forward.
 
-A step is a generator (SpeculativeEngine.step_phases) that yields a ForwardRequest where it needs the target's
-logits, receives (logits, hidden), and returns its StepResult. `drive` runs one such generator with every forward
+A step is a generator (SpeculativeEngine.step_phases) that yields a DraftRequest where it needs its draft
+(receiving the Draft) and a ForwardRequest where it needs the target's logits (receiving (logits, hidden)), and
+returns its StepResult. `drive` runs one such generator with every forward
 alone: that is SpeculativeEngine.step.
 """
 
@@ -17,7 +18,7 @@ import mlx.nn as nn
 
 from mlxspec.cache.recurrent import Snapshot
 from mlxspec.cache.rollback import CacheSpec
-from mlxspec.decoding.draft import Drafter
+from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.target_features import forward_with_hidden
 
 PREFILL, STEP = "prefill", "step"
@@ -35,8 +36,24 @@ class ForwardRequest:
     kind: str = STEP  # PREFILL: a prompt chunk (its logits are not read); STEP: a speculative step's forward
 
 
+@dataclass
+class DraftRequest:
+    """A step's draft: `drafter.propose(num_tokens, key)`, or computed with other rows' drafts (batch.py)."""
+
+    drafter: Drafter
+    num_tokens: int
+    key: mx.array | None
+
+
 Reply = tuple[mx.array, mx.array | None]  # (logits [L, V], hidden [L, D'] or None)
-Phases = Generator[ForwardRequest, Reply, Any]
+Phases = Generator[ForwardRequest | DraftRequest, Reply | Draft | None, Any]
+
+
+def answer_alone(request: ForwardRequest | DraftRequest) -> Reply | Draft | None:
+    """A forward or a draft request answered by itself."""
+    if isinstance(request, DraftRequest):
+        return request.drafter.propose(request.num_tokens, request.key)
+    return run_alone(request)
 
 
 def run_alone(request: ForwardRequest) -> Reply:
@@ -52,7 +69,7 @@ def drive(phases: Phases) -> Any:
     reply = None
     try:
         while True:
-            reply = run_alone(phases.send(reply))
+            reply = answer_alone(phases.send(reply))
     except StopIteration as done:
         return done.value
 
@@ -89,8 +106,8 @@ def drive_alone(events: Generator) -> Generator:
                 event = events.send(reply)
             except StopIteration:
                 return
-            if isinstance(event, ForwardRequest):
-                reply = run_alone(event)
+            if isinstance(event, (ForwardRequest, DraftRequest)):
+                reply = answer_alone(event)
             else:
                 reply = None
                 yield event

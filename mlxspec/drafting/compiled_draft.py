@@ -137,7 +137,7 @@ class CompiledDraftChain:
     def capacity(self) -> int:
         return self.keys[0].shape[2] if self.keys else 0
 
-    def _reserve(self, positions: int, like: list[tuple[mx.array, mx.array]] | None = None) -> None:
+    def reserve(self, positions: int, like: list[tuple[mx.array, mx.array]] | None = None) -> None:
         """Grow every buffer so `positions` fit (zero-padded); `like` gives shapes and dtypes before the first."""
         if positions <= self.capacity:
             return
@@ -155,8 +155,8 @@ class CompiledDraftChain:
         if not self.keys:  # learn each layer's KV shape from one token through mlx-lm's own cache
             probe = make_prompt_cache(self.model)
             self.model(mx.array(tokens[:1] or [0])[None], cache=probe)
-            self._reserve(len(tokens) + 1, [(c.keys, c.values) for c in probe])
-        self._reserve(self.offset + len(tokens))
+            self.reserve(len(tokens) + 1, [(c.keys, c.values) for c in probe])
+        self.reserve(self.offset + len(tokens))
         for start in range(0, len(tokens), chunk):
             piece = tokens[start : start + chunk]
             caches = static_caches(self.keys, self.values, mx.array(self.offset, dtype=mx.int32))
@@ -167,7 +167,7 @@ class CompiledDraftChain:
 
     def propose(self, pending: list[int], num_tokens: int, key: mx.array | None) -> tuple[mx.array, mx.array | None]:
         """Lazily draft num_tokens after feeding `pending`; the cache keeps pending + the first K-1 drafts."""
-        self._reserve(self.offset + len(pending) + num_tokens)
+        self.reserve(self.offset + len(pending) + num_tokens)
         random_keys = mx.random.split(key, num_tokens) if key is not None else mx.zeros((0,))
         keys, values = self.keys, self.values
         self.keys = self.values = []  # drop our references so the graph may update the buffers in place

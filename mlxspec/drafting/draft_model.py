@@ -12,6 +12,7 @@ from mlxspec.cache.rollback import make_speculative_cache, rollback
 from mlxspec.decoding.draft import Draft, Drafter, common_prefix
 from mlxspec.decoding.sampling import SamplingConfig
 from mlxspec.decoding.trees import TreeShape, caterpillar_chain_nodes, caterpillar_parents
+from mlxspec.drafting.batched_draft import propose_rows
 from mlxspec.drafting.compiled_draft import UNTRACEABLE, CompiledDraftChain, pick_draft_token, supports_compiled_draft
 
 
@@ -124,6 +125,21 @@ class DraftModelDrafter(Drafter):
             mx.async_eval(token)  # start the draft computing while Python builds the next call; not a sync
             inputs = token[None]
         return self._draft(mx.concatenate(tokens), mx.stack(probs) if probs else None, num_tokens)
+
+    def batch_key(self, num_tokens: int) -> tuple | None:
+        """Greedy compiled chains over one model draft together (batched_draft.py); trees and sampled chains alone."""
+        if self.compiled is None or self.tree_topk != 1 or not self.sampling.greedy:
+            return None
+        return (id(self.model), num_tokens)
+
+    @classmethod
+    def propose_together(cls, drafters: list[DraftModelDrafter], num_tokens: int) -> list[Draft]:
+        try:
+            chains = [d.compiled for d in drafters]
+            tokens = propose_rows(drafters[0].model, chains, [d._pending() for d in drafters], num_tokens)
+        except UNTRACEABLE:  # a family the batched graph cannot cover: each row drafts alone (and finds its way)
+            return [d.propose(num_tokens, None) for d in drafters]
+        return [d._draft(tokens[b], None, num_tokens) for b, d in enumerate(drafters)]
 
     def _draft(self, tokens: mx.array, probs: mx.array | None, num_tokens: int) -> Draft:
         k = self.tree_topk
