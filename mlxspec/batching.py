@@ -121,8 +121,8 @@ class BatchRows:
         before = sum(len(row.tokens) for row in self.rows)
         start = time.perf_counter()
         waiting = [row for row in self.rows if self._advance(row)]
-        # Drafts first, then the forwards (a step may end without a forward, a drafter's None then a queued one,
-        # and its row go on to its next draft: so until every waiting row waits on a forward).
+        # Drafts first, then the forwards. A row whose forward runs alone (a tree's, a recurrent target's) gets it
+        # inside _advance, ends its step and asks for its next draft: so draft until every row waits on a forward.
         while drafting := [row for row in waiting if isinstance(row.request, DraftRequest)]:
             for row, draft in zip(drafting, propose_all([row.request for row in drafting])):
                 row.reply, row.request = draft, None
