@@ -27,11 +27,10 @@ class Row:
     events: Generator
     stats: Stats
     on_chunk: Callable[[Chunk], None]
-    reply: Reply | Draft | None = None
+    reply: Reply | Draft | Exception | None = None
     request: ForwardRequest | DraftRequest | None = None  # the draft or step forward this row waits on
     done: bool = False
     error: BaseException | None = None
-    failure: Exception | None = None  # its draft's failure, to raise in its run
     pieces: list[str] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None
@@ -125,8 +124,7 @@ class BatchRows:
         # inside _advance, ends its step and asks for its next draft: so draft until every row waits on a forward.
         while drafting := [row for row in waiting if isinstance(row.request, DraftRequest)]:
             for row, draft in zip(drafting, propose_all([row.request for row in drafting])):
-                row.reply, row.request = draft, None
-                row.failure = draft if isinstance(draft, Exception) else None
+                row.reply, row.request = draft, None  # a draft, or the exception its drafter raised
             waiting = [row for row in waiting if row.request is not None or self._advance(row)]
         for row, reply in zip(waiting, run_all([row.request for row in waiting])):
             row.reply, row.request = reply, None
@@ -141,9 +139,8 @@ class BatchRows:
         """Run `row` up to its next draft or step forward (True: it waits for it) or to its end (False)."""
         try:
             while True:
-                if row.failure is not None:  # its drafter raised: raised in its run, where propose was asked
-                    failure, row.failure, row.reply = row.failure, None, None
-                    event = row.events.throw(failure)
+                if isinstance(row.reply, Exception):  # its drafter raised: raised in its run, where it asked
+                    event = row.events.throw(row.reply)
                 else:
                     event = row.events.send(row.reply)
                 row.reply = None

@@ -116,19 +116,16 @@ def propose_all(requests: list[DraftRequest]) -> list[Draft | None | Exception]:
         else:
             groups.setdefault((type(request.drafter), key), []).append(i)
     for (kind, _), members in groups.items():
-        try:
-            if len(members) == 1:
-                raise _Alone
-            together = kind.propose_together([requests[i].drafter for i in members], requests[members[0]].num_tokens)
-        except Exception:  # noqa: BLE001 - one row's failure (or _Alone): each row drafts alone, failing alone
-            together = [_propose_alone(requests[i]) for i in members]
-        for i, draft in zip(members, together):
+        together = None
+        if len(members) > 1:
+            try:
+                drafters = [requests[i].drafter for i in members]
+                together = kind.propose_together(drafters, requests[members[0]].num_tokens)
+            except Exception:  # noqa: BLE001 - some row's failure: each row drafts alone below, failing alone
+                together = None
+        for i, draft in zip(members, together or [_propose_alone(requests[i]) for i in members]):
             drafts[i] = draft
     return drafts
-
-
-class _Alone(Exception):
-    """A group of one: drafted by itself."""
 
 
 def _propose_alone(request: DraftRequest) -> Draft | None | Exception:

@@ -16,15 +16,12 @@ token whether it decodes alone or in a batch, so sampled rows keep drafting alon
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from functools import partial
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
-from mlxspec.drafting.compiled_draft import MAX_CHAINS, CompiledDraftChain
+from mlxspec.drafting.compiled_draft import CompiledDraftChain, compiled_for
 
 
 class RowsKVCache:
@@ -72,15 +69,9 @@ def rows_chain_graph(model, inputs, lengths, offset, keys, values, num_tokens):
     return mx.stack(tokens, axis=1), [c.keys for c in caches], [c.values for c in caches]
 
 
-def shared_rows_chain(model: nn.Module):
-    """The compiled rows chain of `model`, kept beside its single-row chains (compiled_draft.shared_chain)."""
-    chains: OrderedDict = model.__dict__.setdefault("_mlxspec_compiled_row_chains", OrderedDict())
-    key = tuple(id(w) for _, w in tree_flatten(model.parameters()))
-    if key not in chains:
-        chains[key] = mx.compile(partial(rows_chain_graph, model))
-        while len(chains) > MAX_CHAINS:
-            chains.popitem(last=False)
-    return chains[key]
+def stacked(buffers: list[mx.array], capacity: int) -> mx.array:
+    """[1, heads, c_b, dim] buffers zero-padded to `capacity` positions and stacked along the batch."""
+    return mx.concatenate([mx.pad(b, [(0, 0), (0, 0), (0, capacity - b.shape[2]), (0, 0)]) for b in buffers])
 
 
 def propose_rows(model: nn.Module, chains: list[CompiledDraftChain], pending: list[list[int]], num_tokens: int):
@@ -91,18 +82,14 @@ def propose_rows(model: nn.Module, chains: list[CompiledDraftChain], pending: li
     for chain in chains:  # room for the padded inputs too
         chain.reserve(chain.offset + width + num_tokens)
     capacities = [chain.capacity for chain in chains]
-    capacity = max(capacities)
-
-    def stacked(buffers: list[mx.array]) -> mx.array:
-        return mx.concatenate([mx.pad(b, [(0, 0), (0, 0), (0, capacity - b.shape[2]), (0, 0)]) for b in buffers])
-
-    layers = len(chains[0].keys)
-    keys = [stacked([chain.keys[i] for chain in chains]) for i in range(layers)]
-    values = [stacked([chain.values[i] for chain in chains]) for i in range(layers)]
+    layers = range(len(chains[0].keys))
+    keys = [stacked([chain.keys[i] for chain in chains], max(capacities)) for i in layers]
+    values = [stacked([chain.values[i] for chain in chains], max(capacities)) for i in layers]
     inputs = mx.array([p + [0] * (width - len(p)) for p in pending], dtype=mx.int32)
     lengths = mx.array([len(p) for p in pending], dtype=mx.int32)
     offset = mx.array([chain.offset for chain in chains], dtype=mx.int32)
-    tokens, keys, values = shared_rows_chain(model)(inputs, lengths, offset, keys, values, num_tokens)
+    rows_chain = compiled_for(model, "_mlxspec_compiled_row_chains", (), rows_chain_graph)
+    tokens, keys, values = rows_chain(inputs, lengths, offset, keys, values, num_tokens)
     for b, chain in enumerate(chains):
         chain.keys = [k[b : b + 1, :, : capacities[b]] for k in keys]
         chain.values = [v[b : b + 1, :, : capacities[b]] for v in values]

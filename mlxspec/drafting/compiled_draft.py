@@ -109,15 +109,21 @@ def chain_graph(model, sampling, tree_topk, inputs, offset, keys, values, random
 
 def shared_chain(model: nn.Module, sampling: SamplingConfig, tree_topk: int):
     """The compiled chain of (model, sampling, tree_topk), one per model: every drafter built on the model replays
-    the same traces instead of tracing its own (a few milliseconds each; a server builds a drafter per request).
-    Kept in the model's attribute dict, beside its parameters rather than among them. A trace holds the weights it
-    was traced with, so the key names them: weights replaced by `update` or `load_weights` trace anew."""
-    chains: OrderedDict = model.__dict__.setdefault("_mlxspec_compiled_chains", OrderedDict())
-    key = (sampling, tree_topk, tuple(id(w) for _, w in tree_flatten(model.parameters())))
+    the same traces instead of tracing its own (a few milliseconds each; a server builds a drafter per request)."""
+    return compiled_for(model, "_mlxspec_compiled_chains", (sampling, tree_topk), chain_graph, sampling, tree_topk)
+
+
+def compiled_for(model: nn.Module, attribute: str, key: tuple, graph, *constants):
+    """mx.compile(partial(graph, model, *constants)), one per (key, weights), kept in the model's attribute dict
+    under `attribute` (beside its parameters rather than among them), the least recently used dropped past
+    MAX_CHAINS. A trace holds the weights it was traced with, so the key names them: weights replaced by `update`
+    or `load_weights` trace anew."""
+    chains: OrderedDict = model.__dict__.setdefault(attribute, OrderedDict())
+    key = (*key, tuple(id(w) for _, w in tree_flatten(model.parameters())))
     if key in chains:
         chains.move_to_end(key)
     else:
-        chains[key] = mx.compile(partial(chain_graph, model, sampling, tree_topk))
+        chains[key] = mx.compile(partial(graph, model, *constants))
         while len(chains) > MAX_CHAINS:  # a server whose requests vary temperature or top-p: drop the oldest
             chains.popitem(last=False)
     return chains[key]
