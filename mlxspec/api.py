@@ -162,18 +162,18 @@ class Drafters:
 
 
 def _load_medusa(source, target):
-    from mlxspec.drafting.medusa import load_medusa
+    from mlxspec.drafting.heads.medusa import load_medusa
 
     return load_medusa(source, target.path)
 
 
 def _load_feature_head(eagle, mtp, mtp_bits, target):
     if eagle is not None:
-        from mlxspec.drafting.eagle3_files import load_eagle_head
+        from mlxspec.drafting.eagle3.files import load_eagle_head
 
         return load_eagle_head(eagle, target)
     if mtp not in (None, False):
-        from mlxspec.drafting.mtp_weights import load_mtp_head
+        from mlxspec.drafting.heads.mtp_weights import load_mtp_head
 
         # In the checkpoint's own precision unless asked: a quantized head drafts faster but is accepted far less.
         return load_mtp_head(target, None if mtp is True else mtp, bits=mtp_bits)
@@ -181,7 +181,7 @@ def _load_feature_head(eagle, mtp, mtp_bits, target):
 
 
 def _load_dflash(source, target):
-    from mlxspec.drafting.dflash_files import load_dflash
+    from mlxspec.drafting.dflash.files import load_dflash
 
     return load_dflash(source, target)
 

@@ -15,10 +15,10 @@ from mlxspec.decoding.assembly import build_engine
 from mlxspec.decoding.draft import Drafter
 from mlxspec.decoding.forward import drive_alone
 from mlxspec.decoding.prompt_cache import PromptCache, Reuse
+from mlxspec.drafting.cross_tokenizer.bridge import cross_tokenizer_bridge
 from mlxspec.drafting.describe import describe_drafter
+from mlxspec.drafting.lookup.suffix_index import DEFAULT_SUFFIX_BUDGET, SuffixIndex
 from mlxspec.drafting.provider import DrafterProvider
-from mlxspec.drafting.suffix_index import DEFAULT_SUFFIX_BUDGET, SuffixIndex
-from mlxspec.drafting.vocab_bridge import cross_tokenizer_bridge
 from mlxspec.errors import UserError
 from mlxspec.kernels import verify as verify_kernel
 from mlxspec.loading import LoadedModel

@@ -4,8 +4,8 @@ Every prompt is decoded plainly, with the same-tokenizer draft and with the cros
 turn (so the machine's drift falls on all alike); greedy outputs must equal plain decoding's. Reports tok/s (decode,
 after the prompt), α (accepted per drafted) and τ (tokens per target forward) per setting and temperature.
 
-  bash scripts/train_xtok_draft.sh                       # the cross-tokenizer draft (runs/xtok/draft-mlx)
-  python scripts/widen_model.py --widen 24x768 --out /tmp/target-24x768
+  bash models/recipes/train_xtok_draft.sh                       # the cross-tokenizer draft (runs/xtok/draft-mlx)
+  python models/recipes/widen_model.py --widen 24x768 --out /tmp/target-24x768
   python scripts/bench_cross_tokenizer.py --model /tmp/target-24x768 --cross runs/xtok/draft-mlx \\
       --out docs/results/cross-tokenizer-widened.json
 

@@ -6,7 +6,7 @@ process without it), and the cost of one all-reduce, on the openings of held-out
       --model runs/target-24x768 --distributed tensor                                 # 2 ranks, tensor parallel
   mlx.launch -n 2 --backend ring --python .venv/bin/python scripts/bench_distributed.py \\
       --model runs/target-24x768-qwen2 --distributed pipeline                         # 2 ranks, by layers
-      (scripts/as_qwen2.py writes that model: Llama has no pipeline split in mlx-lm, Qwen2 has)
+      (models/recipes/as_qwen2.py writes that model: Llama has no pipeline split in mlx-lm, Qwen2 has)
 
 Rank 0 prints one JSON line.
 """

@@ -14,7 +14,7 @@ import time
 
 
 def heldout_tokens(count: int) -> list[int]:
-    from mlxspec.drafting.corpus import read_text, split_files
+    from mlxspec.drafting.lookup.corpus import read_text, split_files
     from mlxspec.loading import DEFAULT_TARGET, load_model
 
     tokenizer = load_model(DEFAULT_TARGET).tokenizer
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=8)
     parser.add_argument("--candidates", type=int, default=1)
     args = parser.parse_args()
-    from mlxspec.drafting.lookup import PromptLookupDrafter
+    from mlxspec.drafting.lookup.drafter import PromptLookupDrafter
 
     text = heldout_tokens(args.history + args.steps * (args.k + 1))
     drafter = PromptLookupDrafter(max_candidates=args.candidates)

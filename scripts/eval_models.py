@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlxspec.drafting.corpus import read_text, split_files
+from mlxspec.drafting.lookup.corpus import read_text, split_files
 from mlxspec.loading import load_model
 
 WINDOW = 512

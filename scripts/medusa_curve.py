@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxspec.drafting.corpus import split_files
-from mlxspec.drafting.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads
+from mlxspec.drafting.heads.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads
+from mlxspec.drafting.lookup.corpus import split_files
 from mlxspec.loading import DEFAULT_TARGET, load_model
 from mlxspec.train.medusa import token_stream, topk_accuracy
 

@@ -26,7 +26,7 @@ import mlx.core as mx
 
 import mlxspec
 from mlxspec import DecodeOptions
-from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_loop_bench import file_openings  # noqa: E402

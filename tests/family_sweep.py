@@ -18,7 +18,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from tiny import LINEAR_ATTENTION
 
-from mlxspec.drafting.lookup import PromptLookupDrafter
+from mlxspec.drafting.lookup.drafter import PromptLookupDrafter
 
 VOCAB = 64
 
@@ -277,7 +277,7 @@ def run_mode(family: str, mode: str, target: nn.Module, draft: nn.Module, noise:
 
     from mlxspec.decoding.sampling import SamplingConfig
     from mlxspec.decoding.tree_attention import tree_refusal
-    from mlxspec.drafting.draft_model import DraftModelDrafter
+    from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
     from mlxspec.errors import UserError
 
     prompt, kv_bits, tree_topk, drafter = PROMPT, None, 1, None

@@ -1,5 +1,5 @@
 """Batched rows draft together: the greedy draft-model chains of a round's rows run as one compiled graph over their
-stacked KV buffers (drafting/batched_draft.py). Each row's drafts equal its chain alone's, its draft cache is left
+stacked KV buffers (drafting/draft_model/batched.py). Each row's drafts equal its chain alone's, its draft cache is left
 as its chain alone leaves it, and batched rows still decode exactly their solo runs with their drafts accepted."""
 
 import mlx.core as mx
@@ -9,9 +9,9 @@ from test_batching import PROMPTS
 import mlxspec
 from mlxspec import DecodeOptions
 from mlxspec.decoding.sampling import SamplingConfig
-from mlxspec.drafting.batched_draft import propose_rows
-from mlxspec.drafting.compiled_draft import CompiledDraftChain
-from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.drafting.draft_model.batched import propose_rows
+from mlxspec.drafting.draft_model.compiled import CompiledDraftChain
+from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
 
 
 @pytest.fixture(scope="module")

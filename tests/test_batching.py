@@ -116,7 +116,7 @@ def test_a_sampled_row_follows_the_target_law_beside_other_rows(tiny_dirs):
 def test_a_row_whose_drafter_raises_fails_alone(embedded, monkeypatch):
     """The second row's draft model runs out of memory mid-decode: that row ends with the error, and the rows
     beside it finish with the tokens they give alone."""
-    from mlxspec.drafting.draft_model import DraftModelDrafter
+    from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
 
     spec = embedded
     options = DecodeOptions(max_tokens=24, num_draft=3, stop_at_eos=False)

@@ -1,4 +1,4 @@
-"""Drafting across tokenizers (drafting/cross_tokenizer.py, drafting/vocab_bridge.py): a draft model whose tokenizer
+"""Drafting across tokenizers (drafting/cross_tokenizer/: drafter.py, bridge.py): a draft model whose tokenizer
 is not the target's is detected by content and drafts through the text (SLEM, greedy) or the shared tokens (TLI,
 sampled); the output is the target's own either way.
 
@@ -27,7 +27,7 @@ from tiny import make_tiny, save_tiny_model_dir
 
 import mlxspec
 from mlxspec import DecodeOptions
-from mlxspec.drafting.vocab_bridge import VocabBridge, complete_utf8
+from mlxspec.drafting.cross_tokenizer.bridge import VocabBridge, complete_utf8
 from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
 
 CODE = [
@@ -39,9 +39,9 @@ CODE = [
 
 
 def _bpe_tokenizer_dir(path, vocab_size: int, texts: list[str]) -> int:
-    """A byte-level BPE of at most `vocab_size` tokens trained on `texts`, saved as scripts/train_tokenizer.py saves
-    the embedded family's; its size."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    """A byte-level BPE of at most `vocab_size` tokens trained on `texts`, saved as the embedded family's is saved
+    (models/recipes/train_tokenizer.py); its size."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models" / "recipes"))
     from train_tokenizer import save, train_tokenizer
 
     tok = train_tokenizer(vocab_size, texts, show_progress=False)

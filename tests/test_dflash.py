@@ -22,8 +22,8 @@ from tiny_dflash import save_zlab_dflash
 from mlxspec import UserError
 from mlxspec.decoding.sampling import SamplingConfig
 from mlxspec.decoding.target_features import decoder_layers, forward_with_hidden
-from mlxspec.drafting.dflash import DFlashDrafter, best_first_tree
-from mlxspec.drafting.dflash_files import load_dflash, parse_dflash_config
+from mlxspec.drafting.dflash.drafter import DFlashDrafter, best_first_tree
+from mlxspec.drafting.dflash.files import load_dflash, parse_dflash_config
 from mlxspec.loading import LoadedModel, load_model
 from mlxspec.train.dflash import block_loss, cache_features
 

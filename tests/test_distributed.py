@@ -171,7 +171,7 @@ DIVERGING_SCRIPT = """
 import json, sys
 import mlxspec
 from mlxspec.decoding.draft import Draft
-from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
 
 target, mode = sys.argv[1:3]
 spec = mlxspec.load(target, draft=target, distributed=mode)
@@ -231,9 +231,9 @@ def test_feature_and_medusa_heads_on_every_rank_decode_exactly(family, mode, tmp
     """The heads read the target's final hidden state, whole on every rank after the all-reduce (tensor) or the
     final all-gather (pipeline). On the one-layer tensor target the EAGLE head copies the target's own layer, so
     its drafts must be accepted; the two-layer pipeline target gets random heads (exactness only)."""
-    from mlxspec.drafting.feature_head import new_eagle_head, save_head
-    from mlxspec.drafting.head_files import base_model_identity
-    from mlxspec.drafting.medusa import MedusaConfig, MedusaHeads, save_medusa
+    from mlxspec.drafting.heads.feature_head import new_eagle_head, save_head
+    from mlxspec.drafting.heads.files import base_model_identity
+    from mlxspec.drafting.heads.medusa import MedusaConfig, MedusaHeads, save_medusa
 
     layers = 1 if mode == "tensor" else 2
     target_dir = save_tiny_model_dir(tmp_path / family, family, num_hidden_layers=layers)

@@ -5,8 +5,8 @@ import pytest
 from tiny import FAMILIES, make_tiny
 
 from mlxspec.decoding.sampling import SamplingConfig
-from mlxspec.drafting.compiled_draft import StaticKVCache, supports_compiled_draft
-from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.drafting.draft_model.compiled import StaticKVCache, supports_compiled_draft
+from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
 
 PROMPT = [1, 2, 3, 4, 5, 6, 0, 1, 2]
 
@@ -106,7 +106,7 @@ def test_drafters_of_one_model_share_traces_and_new_weights_trace_anew():
 def test_the_compiled_chain_cache_is_bounded_and_keeps_the_recent_settings():
     """A server whose requests vary temperature or top-p must not keep one compiled chain per setting forever: the
     cache keeps the MAX_CHAINS most recently used, and a setting that was dropped traces anew and drafts the same."""
-    from mlxspec.drafting.compiled_draft import MAX_CHAINS
+    from mlxspec.drafting.draft_model.compiled import MAX_CHAINS
 
     draft = make_tiny("llama", seed=1)
     settings = [SamplingConfig(0.5 + 0.05 * i, top_p=0.9) for i in range(MAX_CHAINS + 5)]

@@ -12,7 +12,7 @@ from helpers import mlx_lm_greedy
 
 import mlxspec
 from mlxspec.decoding.assembly import build_engine
-from mlxspec.drafting.lookup import PromptLookupDrafter
+from mlxspec.drafting.lookup.drafter import PromptLookupDrafter
 from mlxspec.loading import MODELS_DIR
 from mlxspec.options import DecodeOptions
 

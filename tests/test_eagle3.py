@@ -21,10 +21,10 @@ from tiny_eagle3 import DRAFT_IDS, save_safeailab_eagle3, save_speculators_eagle
 
 from mlxspec import UserError
 from mlxspec.decoding.sampling import SamplingConfig
-from mlxspec.drafting.eagle3_files import load_eagle_head, parse_eagle3_config
-from mlxspec.drafting.eagle3_model import Eagle3Head
+from mlxspec.drafting.eagle3.files import load_eagle_head, parse_eagle3_config
+from mlxspec.drafting.eagle3.model import Eagle3Head
+from mlxspec.drafting.eagle3.torch_checkpoint import load_torch_state_dict
 from mlxspec.drafting.factory import make_drafter
-from mlxspec.drafting.torch_checkpoint import load_torch_state_dict
 from mlxspec.loading import LoadedModel
 from mlxspec.options import DecodeOptions
 

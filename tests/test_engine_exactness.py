@@ -73,7 +73,7 @@ def test_target_cache_equals_plain_decoding_cache():
 
 def test_one_host_sync_per_step(monkeypatch):
     target, draft = make_tiny("llama", seed=0), make_tiny("llama", seed=1, num_hidden_layers=1)
-    from mlxspec.drafting.draft_model import DraftModelDrafter
+    from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
 
     sampling = SamplingConfig(0.8, top_p=0.9)
     options = DecodeOptions.sampling_as(sampling, num_draft=4)

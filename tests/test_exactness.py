@@ -16,9 +16,9 @@ from test_hydra import random_hydra
 from test_medusa import random_heads
 from tiny import FAMILIES, make_tiny
 
-from mlxspec.drafting.hydra import HydraDrafter
-from mlxspec.drafting.lookup import PromptLookupDrafter
-from mlxspec.drafting.medusa import MedusaDrafter
+from mlxspec.drafting.heads.hydra import HydraDrafter
+from mlxspec.drafting.heads.medusa import MedusaDrafter
+from mlxspec.drafting.lookup.drafter import PromptLookupDrafter
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from tiny import make_tiny
 
 from mlxspec import UserError
 from mlxspec.decoding.sampling import SamplingConfig
-from mlxspec.drafting.feature_drafter import FeatureDrafter
-from mlxspec.drafting.feature_head import FeatureHead, FeatureHeadConfig, HeadOnTarget, load_head
+from mlxspec.drafting.heads.feature_drafter import FeatureDrafter
+from mlxspec.drafting.heads.feature_head import FeatureHead, FeatureHeadConfig, HeadOnTarget, load_head
 from mlxspec.loading import load_model
 from mlxspec.train.eagle import EagleTrainConfig, train_eagle, unrolled_logits, unrolled_mask
 
@@ -76,7 +76,7 @@ def test_a_copying_head_has_its_drafts_accepted(family, beam):
 
 def test_lookup_in_front_of_an_eagle_head_stays_exact_and_both_draft():
     """Steps drafted by lookup still hand the head the rows they kept; its next proposal catches up on all of them."""
-    from mlxspec.drafting.lookup import LookupThenModelDrafter, PromptLookupDrafter
+    from mlxspec.drafting.lookup.drafter import LookupThenModelDrafter, PromptLookupDrafter
 
     target = make_tiny("llama", seed=0, num_hidden_layers=1)
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]

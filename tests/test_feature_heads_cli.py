@@ -7,7 +7,7 @@ from mlx.utils import tree_map
 
 from mlxspec.bench.widen import WidenSpec, widen, widen_head
 from mlxspec.decoding.target_features import forward_with_hidden
-from mlxspec.drafting.feature_head import HeadOnTarget, new_eagle_head, save_head
+from mlxspec.drafting.heads.feature_head import HeadOnTarget, new_eagle_head, save_head
 from mlxspec.loading import load_model
 
 G = ("generate", "abcabc", "--max-tokens", "12", "--json")

@@ -201,9 +201,9 @@ def head_dirs(tiny_dirs, tmp_path_factory):
     import mlx.core as mx
     from mlx.utils import tree_map
 
-    from mlxspec.drafting.feature_head import new_eagle_head, save_head
-    from mlxspec.drafting.head_files import base_model_identity
-    from mlxspec.drafting.medusa import MedusaConfig, MedusaHeads, save_medusa
+    from mlxspec.drafting.heads.feature_head import new_eagle_head, save_head
+    from mlxspec.drafting.heads.files import base_model_identity
+    from mlxspec.drafting.heads.medusa import MedusaConfig, MedusaHeads, save_medusa
     from mlxspec.loading import load_model
 
     target = load_model(tiny_dirs["target"])

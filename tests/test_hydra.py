@@ -14,8 +14,8 @@ from tiny import make_tiny, save_tiny_model_dir
 
 from mlxspec.decoding.sampling import SamplingConfig
 from mlxspec.decoding.target_features import output_head, text_model
-from mlxspec.drafting.hydra import HydraDrafter, HydraHeads, level_plan
-from mlxspec.drafting.medusa import MedusaConfig, load_medusa, save_medusa
+from mlxspec.drafting.heads.hydra import HydraDrafter, HydraHeads, level_plan
+from mlxspec.drafting.heads.medusa import MedusaConfig, load_medusa, save_medusa
 
 
 def random_hydra(model, num_heads=3, seed=3, config: dict | None = None) -> HydraHeads:
@@ -119,7 +119,7 @@ def test_heads_of_an_unknown_style_are_refused_by_name(cli_run, tmp_path):
 
     target = load_model(target_dir)
     heads = random_hydra(target.model, config=target.config)
-    from mlxspec.drafting.head_files import base_model_identity
+    from mlxspec.drafting.heads.files import base_model_identity
 
     heads.config.base_model_identity = base_model_identity(target_dir)
     save_medusa(heads, tmp_path / "heads")

@@ -13,7 +13,7 @@ from mlxspec import UserError
 from mlxspec.decoding.sampling import SamplingConfig
 from mlxspec.decoding.target_features import forward_with_hidden
 from mlxspec.decoding.trees import sparse_tree
-from mlxspec.drafting.medusa import (
+from mlxspec.drafting.heads.medusa import (
     MedusaConfig,
     MedusaDrafter,
     MedusaHeads,

@@ -7,8 +7,8 @@ from helpers import mlx_lm_greedy
 from mlx_lm import load as mlx_lm_load
 
 import mlxspec
-from mlxspec.drafting.corpus import read_text, split_files
-from mlxspec.drafting.medusa import load_medusa
+from mlxspec.drafting.heads.medusa import load_medusa
+from mlxspec.drafting.lookup.corpus import read_text, split_files
 from mlxspec.loading import MODELS_DIR, load_model, tokenizer_mismatch
 
 SHIPPED = ["target", "target-4bit", "draft"]

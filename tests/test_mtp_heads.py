@@ -14,9 +14,9 @@ from test_engine_exactness import exact_joint
 
 from mlxspec import UserError
 from mlxspec.decoding.sampling import SamplingConfig
-from mlxspec.drafting.feature_drafter import FeatureDrafter
-from mlxspec.drafting.feature_head import HeadOnTarget
-from mlxspec.drafting.mtp_weights import DEEPSEEK, LAYOUTS, _block_config, load_mtp_head, text_config
+from mlxspec.drafting.heads.feature_drafter import FeatureDrafter
+from mlxspec.drafting.heads.feature_head import HeadOnTarget
+from mlxspec.drafting.heads.mtp_weights import DEEPSEEK, LAYOUTS, _block_config, load_mtp_head, text_config
 from mlxspec.loading import LoadedModel
 from mlxspec.model_files import lazy_model
 

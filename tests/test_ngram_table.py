@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from mlxspec.drafting import ngram_table
-from mlxspec.drafting.ngram_table import successor_table
+from mlxspec.drafting.lookup import ngram_table
+from mlxspec.drafting.lookup.ngram_table import successor_table
 
 
 def test_successor_table_takes_the_most_frequent_then_smallest_successor():
@@ -15,7 +15,7 @@ def test_successor_table_takes_the_most_frequent_then_smallest_successor():
 
 def test_corpus_successors_are_built_once_then_read_from_the_cache(tmp_path, monkeypatch, tiny_dirs):
     import mlxspec
-    from mlxspec.drafting import corpus
+    from mlxspec.drafting.lookup import corpus
 
     spec = mlxspec.load(tiny_dirs["target"], draft=None)
     files = []

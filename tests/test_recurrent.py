@@ -20,7 +20,7 @@ import mlxspec.decoding.engine as engine_module
 from mlxspec.cache.recurrent import leaf_caches
 from mlxspec.decoding.assembly import build_engine
 from mlxspec.decoding.sampling import SamplingConfig
-from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
 from mlxspec.options import DecodeOptions
 
 HYBRID = "qwen3_5"

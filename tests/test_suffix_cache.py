@@ -1,11 +1,11 @@
-"""The suffix cache shared across requests (drafting/suffix_index.py): a request repeating an earlier answer drafts
-from it (drafts accepted, output exact), and the index stays within its budget."""
+"""The suffix cache shared across requests (drafting/lookup/suffix_index.py): a request repeating an earlier
+answer drafts from it (drafts accepted, output exact), and the index stays within its budget."""
 
 import pytest
 from helpers import mlx_lm_greedy
 
 import mlxspec
-from mlxspec.drafting.suffix_index import SuffixIndex
+from mlxspec.drafting.lookup.suffix_index import SuffixIndex
 from mlxspec.serve.openai_api import parse_request
 
 

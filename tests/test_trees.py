@@ -13,7 +13,7 @@ from mlxspec.cache.rollback import make_speculative_cache
 from mlxspec.decoding.sampling import SamplingConfig
 from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
 from mlxspec.decoding.trees import TreeShape, accept_tree, ancestor_mask, continuation_tree
-from mlxspec.drafting.lookup import PromptLookupDrafter
+from mlxspec.drafting.lookup.drafter import PromptLookupDrafter
 
 # root; two children; a grandchild under each
 SHAPE = TreeShape((-1, 0, 0, 1, 2))
@@ -208,7 +208,7 @@ def test_tree_and_medusa_samples_follow_the_target_on_every_family(family):
     chi-square tested against the enumerated law (false alarm 1e-3 each). The llama tests above add power checks."""
     from test_medusa import random_heads
 
-    from mlxspec.drafting.medusa import MedusaDrafter
+    from mlxspec.drafting.heads.medusa import MedusaDrafter
 
     target = make_tiny(family, seed=0, logit_scale=3.0)
     draft = make_tiny(family, seed=5, logit_scale=3.0)

@@ -49,7 +49,7 @@ def test_widened_medusa_and_hydra_heads_draft_what_the_originals_draft(style):
 
     from mlxspec.bench.widen import widen_medusa
     from mlxspec.decoding.target_features import output_head, text_model
-    from mlxspec.drafting.medusa import medusa_drafter
+    from mlxspec.drafting.heads.medusa import medusa_drafter
 
     model = make_tiny("llama", logit_scale=1.0)
     heads = random_hydra(model, num_heads=3) if style == "hydra" else random_heads(model, num_heads=3)

@@ -12,7 +12,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from mlxspec.drafting.corpus import read_text, split_files
+from mlxspec.drafting.lookup.corpus import read_text, split_files
 from mlxspec.loading import LoadedModel
 from mlxspec.results import mode_name
 

@@ -9,7 +9,8 @@ rounding) while giving it the weight traffic of a bigger model:
   scaled by sqrt(d/W) and eps by d/W;
 - extra layers with random weights but zero output projections (o_proj, down_proj) add nothing to the residual.
 
-Llama-family models only (the embedded target is one). Nothing large is written unless asked (scripts/widen_model.py).
+Llama-family models only (the embedded target is one). Nothing large is written unless asked
+(models/recipes/widen_model.py).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def widen_head(head, spec: WidenSpec):
     """An EAGLE head of the widened target with the same function: the widened target's features are the original
     ones zero-padded, so fc reads the live channels of [embedding ; feature] and writes the live channels; the block
     is widened as the target's layers are."""
-    from mlxspec.drafting.feature_head import FeatureHead, FeatureHeadConfig
+    from mlxspec.drafting.heads.feature_head import FeatureHead, FeatureHeadConfig
 
     d = head.config.hidden_size
     block_config = widened_config({**head.config.block_config, "num_hidden_layers": 1}, WidenSpec(1, spec.width))
@@ -153,7 +154,7 @@ def widen_dflash(model, spec: WidenSpec, target_layers: int):
     per-head q/k norms keep their size and epsilon)."""
     from dataclasses import replace
 
-    from mlxspec.drafting.dflash_model import DFlashDraftModel
+    from mlxspec.drafting.dflash.model import DFlashDraftModel
 
     config = model.config
     d, W = config.hidden_size, spec.width
@@ -207,7 +208,7 @@ def widen_medusa(heads, spec: WidenSpec):
     norm is scaled as the target's norms are."""
     from dataclasses import replace
 
-    from mlxspec.drafting.medusa import heads_class
+    from mlxspec.drafting.heads.medusa import heads_class
 
     d, W = heads.config.hidden_size, spec.width
     wide = heads_class(heads.config)(replace(heads.config, hidden_size=W))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
+from mlxspec.cli.bench_tools import SUBCOMMANDS, check_writable, require_matplotlib
 from mlxspec.cli.options import with_options
 from mlxspec.errors import UserError
 
@@ -53,18 +54,6 @@ def tokenized(prompts: list[str | list[int]], tokenizer, vocab: int, path) -> li
         if bad is not None or not tokens:
             raise UserError(f"prompt {number} of '{path}' holds {bad!r}, not a token id of this model (0..{vocab - 1})")
     return out
-
-
-def check_writable(flag: str, path: str) -> None:
-    """Refuse an output path that cannot be written: an empty name, a directory, or a missing or read-only folder."""
-    target = Path(path)
-    folder = target.parent
-    if not path.strip() or target.is_dir():
-        raise UserError(f"{flag} '{path}' is not a file name; pass a path to a file to write")
-    if not folder.is_dir():
-        raise UserError(f"{flag} '{path}': the folder '{folder}' does not exist; create it or pass another path")
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise UserError(f"{flag} '{path}' cannot be written (permissions); pass another path")
 
 
 DRAFTER_OPTIONS = [
@@ -129,17 +118,28 @@ WORKLOAD_OPTIONS = [
     click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True),
 ]
 OUTPUT_OPTIONS = [
-    click.option("--verify-curve", is_flag=True, help="Time one target forward over 1..32 tokens and stop."),
+    click.option("--verify-curve", is_flag=True, help="The v(n) curve and stop (as `bench verify-cost`)."),
     click.option("--profile", is_flag=True, help="Also report the per-step time split of the draft-model mode."),
     click.option("--json", "json_out", default=None, help="Also write the results to this JSON file."),
     click.option("--plot", "plot_path", default=None, help="Also draw speedup vs k and tok/s per mode to a PNG."),
 ]
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @with_options(DRAFTER_OPTIONS, MODE_OPTIONS, WORKLOAD_OPTIONS, OUTPUT_OPTIONS)
-def bench(**p) -> None:
-    """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts."""
+@click.pass_context
+def bench(ctx: click.Context, **p) -> None:
+    """Compare plain decoding, mlx-lm's speculative decoding and mlxspec's modes on the same prompts; or, with a
+    subcommand, benchmark a server, an agent loop, the verification cost, acceptance by depth or the planner."""
+    if ctx.invoked_subcommand is not None:
+        given = [name for name in p if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
+        if given:
+            flag = next(o for o in ctx.command.params if o.name == given[0]).opts[-1]
+            raise UserError(
+                f"{flag} belongs to `mlxspec bench` itself; put the options of `bench {ctx.invoked_subcommand}` "
+                "after its name (see its --help)"
+            )
+        return
     families = {m.strip() for m in p["modes"].split(",") if m.strip()}
     unknown = sorted(families - set(BENCH_MODES))
     if unknown or not families:
@@ -150,23 +150,21 @@ def bench(**p) -> None:
         if path is not None:
             check_writable(flag, path)  # before the benchmark runs, so no results are lost at the end
     if p["plot_path"]:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UserError(
-                "--plot needs matplotlib; from a checkout: pip install -e '.[plot]'; installed with pipx: "
-                "pipx inject mlxspec matplotlib"
-            ) from None
+        require_matplotlib()
     from mlxspec.bench import runner
-    from mlxspec.decoding.costs import verify_cost_line, verify_curve_report
+    from mlxspec.decoding.costs import verify_cost_line
     from mlxspec.platform import fast_blas_hint
 
     num_drafts = p["num_drafts"] or (2, 4, 6)
     speculator, medusa, eagle, dflash = load_contenders(p, max(num_drafts))
     if fast_blas_hint():
         click.echo(fast_blas_hint(), err=True)
-    if p["verify_curve"]:
-        click.echo(verify_curve_report(speculator.target, speculator.draft, kernel=p["kernel"]))
+    if p["verify_curve"]:  # the same as `bench verify-cost`: measured and reported, never stored
+        from mlxspec.bench.verify_cost import VerifyCostConfig, run_verify_cost
+
+        target = str(speculator.target.path) if p["model"] else None
+        draft = str(speculator.draft.path) if speculator.draft is not None else None
+        run_verify_cost(VerifyCostConfig(target, draft, kernel=p["kernel"]), echo=click.echo)
         return
     click.echo(verify_cost_line(speculator.target, speculator.draft, max(num_drafts) + 1, kernel=p["kernel"]))
     if speculator.draft is None and medusa is None and eagle is None and dflash is None:
@@ -207,12 +205,12 @@ def load_contenders(p: dict, max_draft: int) -> tuple:
         click.echo(f"# target: {speculator.target.path.name}, {runner.parameter_count(speculator.target)}")
     head = None
     if mtp_source:
-        from mlxspec.drafting.mtp_weights import load_mtp_head
+        from mlxspec.drafting.heads.mtp_weights import load_mtp_head
 
         head = load_mtp_head(original, None if mtp_source == "<model>" else mtp_source)
     elif eagle_path:
-        from mlxspec.drafting.eagle3_files import load_eagle_head
-        from mlxspec.drafting.eagle3_model import Eagle3Head
+        from mlxspec.drafting.eagle3.files import load_eagle_head
+        from mlxspec.drafting.eagle3.model import Eagle3Head
 
         head = load_eagle_head(eagle_path, original)
         if widen_spec is not None and isinstance(head, Eagle3Head):
@@ -223,7 +221,7 @@ def load_contenders(p: dict, max_draft: int) -> tuple:
             head = widen_head(head, widen_spec)
     medusa = None
     if medusa_path:
-        from mlxspec.drafting.medusa import load_medusa
+        from mlxspec.drafting.heads.medusa import load_medusa
 
         heads = load_medusa(medusa_path, original.path)
         if widen_spec is not None:
@@ -248,7 +246,7 @@ def load_dflash_contender(p: dict, speculator, original, widen_spec):
             raise UserError("no DFlash drafter is shipped with this install; pass --dflash PATH_OR_REPO")
     if source is None:
         return None
-    from mlxspec.drafting.dflash_files import load_dflash
+    from mlxspec.drafting.dflash.files import load_dflash
 
     drafter = load_dflash(source, original)  # checked against the target it was made for
     if widen_spec is not None:
@@ -311,3 +309,7 @@ def run_and_report(
         from mlxspec.bench.plot import plot
 
         plot(by_temp, p["plot_path"])
+
+
+for _command in SUBCOMMANDS:
+    bench.add_command(_command)

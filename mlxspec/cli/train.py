@@ -75,7 +75,7 @@ def train_heads(kind, **params) -> None:
     if kind == "hydra":
         _train_hydra(**params)
         return
-    from mlxspec.drafting.feature_head import CONFIG_FILE
+    from mlxspec.drafting.heads.feature_head import CONFIG_FILE
     from mlxspec.train.eagle import EagleTrainConfig, train_eagle
 
     config = EagleTrainConfig(
@@ -95,7 +95,7 @@ def train_medusa(**params) -> None:
 
 
 def _train_medusa(model, out_dir, steps, batch_size, seq_len, lr, seed, data, heads, full_lm_heads, **_) -> None:
-    from mlxspec.drafting.medusa import CONFIG_FILE
+    from mlxspec.drafting.heads.medusa import CONFIG_FILE
     from mlxspec.train.medusa import MedusaTrainConfig
     from mlxspec.train.medusa import train_medusa as run
 
@@ -126,7 +126,7 @@ def _train_eagle3(**params) -> None:
 
 
 def _train_hydra(**params) -> None:
-    from mlxspec.drafting.medusa import CONFIG_FILE
+    from mlxspec.drafting.heads.medusa import CONFIG_FILE
     from mlxspec.train.hydra import HydraTrainConfig, train_hydra
 
     settings = {**head_settings(params, 600), "data": "self-distill"}  # Hydra heads learn the target's own text

@@ -11,11 +11,11 @@ import mlx.nn as nn
 
 from mlxspec.cache.recurrent import Snapshot, recurrent_leaves, rewind, snapshot
 from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
-from mlxspec.decoding.acceptance import accept_node_samples, accept_sampled_chain
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.forward import PREFILL, DraftRequest, EngineState, ForwardRequest, Phases, StepResult, drive
-from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
+from mlxspec.decoding.sampling import SamplingConfig
 from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
+from mlxspec.decoding.verify import target_samples, verify_nodes, verify_sampled_chain
 
 
 class Ranks(Protocol):
@@ -271,24 +271,12 @@ class SpeculativeEngine:
         self.catch_up_forwards += 1
         self.replay = []
 
-    def _target_samples(
-        self, logits: mx.array, key: mx.array | None, ranked: bool = False
-    ) -> tuple[mx.array, mx.array]:
-        """([N] one draw per row from the processed target distribution, the argmax when greedy; [] bool: some row
-        ranked too few candidates and must be redrawn with ranked=True, the whole vocabulary ranked, same key)."""
-        if self.sampling.greedy:
-            return mx.argmax(logits, axis=-1).astype(mx.int32), mx.array(False)
-        if ranked:
-            return sample(to_probs_sorted(logits, self.sampling), key, False), mx.array(False)
-        probs, short = to_probs_checked(logits, self.sampling)
-        return sample(probs, key, False), short.any()
-
     def _plain_step(self, key: mx.array | None, max_new_tokens: int) -> Phases:
         """One token with no draft. When the next step will be plain too, its forward is queued on this step's
         lazy token before the sync, so graph building overlaps computing (as mlx-lm's generate_step does)."""
         logits = self._prefetched if self._prefetched is not None else (yield from self._target_logits(None))
         self._mark("verify", logits)
-        token, short = self._target_samples(logits[-1:], key, ranked=not self.rollback_ok)
+        token, short = target_samples(logits[-1:], self.sampling, key, ranked=not self.rollback_ok)
         self._mark("target probs", token)
         self._prefetched = None
         free = None if self.context_length is None else self.context_length - self.position
@@ -303,7 +291,7 @@ class SpeculativeEngine:
             if self._prefetched is not None:
                 self._prefetched = None
                 self._roll_back(1)
-            value = self._host(self._target_samples(logits[-1:], key, ranked=True)[0])[0]
+            value = self._host(target_samples(logits[-1:], self.sampling, key, ranked=True)[0])[0]
         self._mark("accept")
         self.pending = [] if self._prefetched is not None else [value]
         return StepResult([value], 0, 0, [], [])
@@ -344,23 +332,14 @@ class SpeculativeEngine:
         num_draft = draft.tokens.shape[0]
         logits = yield from self._target_logits(draft)
         self._mark("verify", logits)
-        target_probs, short = to_probs_checked(logits, self.sampling)
-        self._mark("target probs", target_probs)
-        accepted = accept_sampled_chain(draft, target_probs, key, self.sampling.greedy)
-        values = self._host(mx.concatenate([*accepted, short.any()[None].astype(mx.int32), draft.tokens]))
-        if values[2]:  # rare: a target row's top-p set reached past its ranked candidates; redo, same key
-            self.sorted_fallbacks += 1
-            values[:2] = self._host(
-                mx.concatenate(
-                    accept_sampled_chain(draft, to_probs_sorted(logits, self.sampling), key, self.sampling.greedy)
-                )
-            )
-        num_accepted, next_token, proposed = values[0], values[1], values[3:]
+        verdict = verify_sampled_chain(draft, logits, self.sampling, key, self._host, self._mark)
+        self.sorted_fallbacks += verdict.redrawn
         self._mark("accept")
-        self._keep(num_draft, proposed[:num_accepted])
-        self.pending = [next_token]
-        kept = list(range(1, num_accepted + 1))
-        return StepResult(proposed[:num_accepted] + [next_token], num_draft, num_accepted, proposed, kept)
+        kept = verdict.proposed[: verdict.accepted]
+        self._keep(num_draft, kept)
+        self.pending = [verdict.next_token]
+        path = list(range(1, verdict.accepted + 1))
+        return StepResult(kept + [verdict.next_token], num_draft, verdict.accepted, verdict.proposed, path)
 
     def _verify_deterministic(self, draft: Draft, key: mx.array | None) -> Phases:
         """A deterministic chain or tree (greedy drafts, prompt lookup, top-k trees, Medusa), verified node by node.
@@ -374,24 +353,15 @@ class SpeculativeEngine:
             with tree_verification(self.target, self.cache, shape, prefix):  # alone: the model is patched meanwhile
                 logits = yield from self._target_logits(draft, alone=True)
         self._mark("verify", logits)
-        samples, short = self._target_samples(logits, key)
-        self._mark("target probs", samples)
-        values = self._host(
-            mx.concatenate(
-                [*accept_node_samples(draft, self.pending, samples), short[None].astype(mx.int32), draft.tokens]
-            )
-        )
-        if values[2]:  # rare: some row ranked too few candidates; redraw every row from the whole vocabulary, same key
-            self.sorted_fallbacks += 1
-            samples = self._target_samples(logits, key, ranked=True)[0]
-            values[:2] = self._host(mx.concatenate(accept_node_samples(draft, self.pending, samples)))
-        deepest, next_token, proposed = values[0], values[1], values[3:]
+        verdict = verify_nodes(draft, self.pending, logits, self.sampling, key, self._host, self._mark)
+        self.sorted_fallbacks += verdict.redrawn
         self._mark("accept")
-        path = shape.path_to(deepest)
+        path = shape.path_to(verdict.accepted)
         if shape.is_chain:
-            self._keep(shape.size - 1, proposed[:deepest])
+            self._keep(shape.size - 1, verdict.proposed[: verdict.accepted])
         else:
             keep_tree_path(self.cache, prefix, [0, *path])
             self.position = prefix + 1 + len(path)
-        self.pending = [next_token]
-        return StepResult([proposed[i - 1] for i in path] + [next_token], shape.size - 1, len(path), proposed, path)
+        self.pending = [verdict.next_token]
+        tokens = [verdict.proposed[i - 1] for i in path] + [verdict.next_token]
+        return StepResult(tokens, shape.size - 1, len(path), verdict.proposed, path)

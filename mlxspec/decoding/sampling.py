@@ -120,3 +120,22 @@ def sample(probs: mx.array, key: mx.array, greedy: bool) -> mx.array:
     high, low = mx.random.uniform(shape=(2, *probs.shape[:-1], 1), key=key).astype(mx.float64)
     u = (high + low * 2.0**-24) * cdf[..., -1:]  # in [0, total): zero-probability tokens are never drawn
     return (cdf <= u).sum(axis=-1).astype(mx.int32)
+
+
+def pick_draft_token(
+    logits: mx.array, sampling: SamplingConfig, tree_topk: int, key: mx.array | None
+) -> tuple[mx.array, mx.array, mx.array | None]:
+    """One draft position from its logits [V]: (token fed onward [], tokens proposed [1] or [topk], q [V] or None).
+
+    Top-k (ties broken as argsort does) for trees, whose first continues the chain; the argmax for greedy chains,
+    which need no distribution; otherwise a sample from the processed draft distribution q, kept for verification.
+    """
+    if tree_topk > 1:
+        top = mx.argsort(-logits.astype(mx.float32))[:tree_topk].astype(mx.int32)
+        return top[0], top, None
+    if sampling.greedy:
+        token = mx.argmax(logits).astype(mx.int32)
+        return token, token[None], None
+    q = to_probs(logits, sampling)
+    token = sample(q, key, False)
+    return token, token[None], q

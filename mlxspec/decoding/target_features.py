@@ -6,12 +6,15 @@ it only records that output while a forward asks for it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.errors import UserError
+
+if TYPE_CHECKING:
+    from mlxspec.loading import LoadedModel
 
 
 def text_model(model: nn.Module) -> nn.Module:
@@ -116,3 +119,9 @@ def tap_recorder(model: nn.Module) -> TapRecorder:
             layer.__dict__[TAP_KEY] = (recorder, index)
         model.__dict__[TAP_KEY] = recorder
     return recorder
+
+
+def target_embedding_rows(target: LoadedModel) -> int:
+    """Rows of the target's input embedding: the vocabulary a drafter of it must cover."""
+    embed = text_model(target.model).model.embed_tokens
+    return int(getattr(embed, "num_embeddings", 0) or embed.weight.shape[0])

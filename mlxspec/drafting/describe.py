@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from mlxspec.decoding.draft import Drafter
-from mlxspec.drafting.draft_model import DraftModelDrafter
-from mlxspec.drafting.lookup import PromptLookupDrafter
+from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
+from mlxspec.drafting.lookup.drafter import PromptLookupDrafter
 from mlxspec.options import DecodeOptions
 from mlxspec.results import mode_name
 
 
 def describe_drafter(drafter: Drafter | None, options: DecodeOptions) -> str:
     """What drafted, by results.mode_name, for -v, --json and stats.mode."""
-    from mlxspec.drafting.cross_tokenizer import CrossTokenizerDrafter
-    from mlxspec.drafting.dflash import DFlashDrafter
-    from mlxspec.drafting.feature_drafter import FeatureDrafter
-    from mlxspec.drafting.hydra import HydraDrafter
-    from mlxspec.drafting.medusa import MedusaDrafter
+    from mlxspec.drafting.cross_tokenizer.drafter import CrossTokenizerDrafter
+    from mlxspec.drafting.dflash.drafter import DFlashDrafter
+    from mlxspec.drafting.heads.feature_drafter import FeatureDrafter
+    from mlxspec.drafting.heads.hydra import HydraDrafter
+    from mlxspec.drafting.heads.medusa import MedusaDrafter
 
     if drafter is None:
         return "plain"

@@ -186,7 +186,7 @@ def _sizes_match(named: bool) -> str:
 
 
 def _judge_mtp_sidecar(repo: str, path: Path, config: dict, facts: TargetFacts, size: int) -> Candidate:
-    from mlxspec.drafting.mtp_weights import LAYOUTS
+    from mlxspec.drafting.heads.mtp_weights import LAYOUTS
 
     own = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     wrong = _mismatch(
@@ -202,7 +202,7 @@ def _judge_mtp_sidecar(repo: str, path: Path, config: dict, facts: TargetFacts, 
 
 
 def _judge_own_eagle(repo: str, path: Path, facts: TargetFacts, size: int) -> Candidate:
-    from mlxspec.drafting.head_files import base_model_identity
+    from mlxspec.drafting.heads.files import base_model_identity
 
     config = _json(path / "eagle_config.json")
     identity = config.get("base_model_identity")
@@ -212,7 +212,7 @@ def _judge_own_eagle(repo: str, path: Path, facts: TargetFacts, size: int) -> Ca
 
 
 def _judge_eagle3(repo: str, path: Path, config: dict, facts: TargetFacts, size: int) -> Candidate:
-    from mlxspec.drafting.eagle3_files import default_aux_layers, parse_eagle3_config
+    from mlxspec.drafting.eagle3.files import default_aux_layers, parse_eagle3_config
 
     try:
         parsed = parse_eagle3_config(config, str(path / "config.json"))
@@ -258,7 +258,7 @@ def _judge_draft_model(repo: str, path: Path, facts: TargetFacts, size: int) -> 
 
 def _mtp_candidates(facts: TargetFacts, snapshots: list[tuple[str, Path]]) -> list[Candidate]:
     """The target's native MTP head: in its own files, or in a cached checkpoint of the same model that keeps it."""
-    from mlxspec.drafting.mtp_weights import LAYOUTS, holds_mtp_tensors
+    from mlxspec.drafting.heads.mtp_weights import LAYOUTS, holds_mtp_tensors
 
     layout = LAYOUTS.get(facts.family)
     if layout is None:

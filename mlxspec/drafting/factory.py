@@ -8,8 +8,8 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxspec.decoding.draft import Drafter
-from mlxspec.drafting.draft_model import DraftModelDrafter
-from mlxspec.drafting.lookup import LookupThenModelDrafter, PromptLookupDrafter
+from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
+from mlxspec.drafting.lookup.drafter import LookupThenModelDrafter, PromptLookupDrafter
 from mlxspec.errors import UserError
 from mlxspec.options import DecodeOptions
 
@@ -33,7 +33,7 @@ def make_drafter(
     max_nodes = options.tree_nodes or depth * options.tree_topk  # the node budget of a dynamic tree or a DDTree
     model_drafter: Drafter | None = None
     if options.use_draft and dflash is not None:
-        from mlxspec.drafting.dflash import DFlashDrafter
+        from mlxspec.drafting.dflash.drafter import DFlashDrafter
 
         model_drafter = DFlashDrafter(
             dflash,
@@ -43,7 +43,7 @@ def make_drafter(
             max_nodes=max_nodes,
         )
     elif options.use_draft and feature_head is not None:
-        from mlxspec.drafting.feature_drafter import FeatureDrafter
+        from mlxspec.drafting.heads.feature_drafter import FeatureDrafter
 
         model_drafter = FeatureDrafter(
             feature_head.on_target(target_model),
@@ -52,11 +52,11 @@ def make_drafter(
             max_nodes=max_nodes,
         )
     elif options.use_draft and medusa is not None:
-        from mlxspec.drafting.medusa import medusa_drafter
+        from mlxspec.drafting.heads.medusa import medusa_drafter
 
         model_drafter = medusa_drafter(medusa, target_model, max_nodes, options.tree_topk)
     elif options.use_draft and draft_model is not None and vocab_bridge is not None:
-        from mlxspec.drafting.cross_tokenizer import CrossTokenizerDrafter
+        from mlxspec.drafting.cross_tokenizer.drafter import CrossTokenizerDrafter
 
         model_drafter = CrossTokenizerDrafter(draft_model, vocab_bridge, sampling, depth)
     elif options.use_draft and draft_model is not None:

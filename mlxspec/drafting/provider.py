@@ -14,14 +14,14 @@ from typing import Any
 from mlxspec.cache.rollback import cannot_roll_back, rollback_blocker
 from mlxspec.decoding.costs import DraftLengthController, model_curve
 from mlxspec.decoding.draft import Drafter
-from mlxspec.drafting.cross_tokenizer import CrossTokenizerDrafter
-from mlxspec.drafting.dflash import DFlashDrafter, block_seconds
-from mlxspec.drafting.draft_model import DraftModelDrafter
+from mlxspec.drafting.cross_tokenizer.bridge import VocabBridge
+from mlxspec.drafting.cross_tokenizer.drafter import CrossTokenizerDrafter
+from mlxspec.drafting.dflash.drafter import DFlashDrafter, block_seconds
+from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
 from mlxspec.drafting.factory import make_drafter
-from mlxspec.drafting.feature_drafter import FeatureDrafter
-from mlxspec.drafting.lookup import PromptLookupDrafter
-from mlxspec.drafting.suffix_index import SuffixIndex
-from mlxspec.drafting.vocab_bridge import VocabBridge
+from mlxspec.drafting.heads.feature_drafter import FeatureDrafter
+from mlxspec.drafting.lookup.drafter import PromptLookupDrafter
+from mlxspec.drafting.lookup.suffix_index import SuffixIndex
 from mlxspec.loading import LoadedModel
 from mlxspec.options import DecodeOptions
 
@@ -136,7 +136,7 @@ class DrafterProvider:
     def corpus_successors(self):
         """Prompt lookup's fallback table for this tokenizer (built once per machine, then read once per load)."""
         if self._successors is None:
-            from mlxspec.drafting.ngram_table import corpus_successors
+            from mlxspec.drafting.lookup.ngram_table import corpus_successors
 
             self._successors = corpus_successors(self.target.tokenizer, self.target.vocab_size)
         return self._successors

@@ -20,10 +20,17 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from mlxspec.decoding.target_features import decoder_layers, final_norm, forward_with_hidden, output_head, text_model
-from mlxspec.drafting.dflash_files import default_target_layers, save_dflash, target_embedding_rows
-from mlxspec.drafting.dflash_model import DFlashConfig, DFlashDraftModel
-from mlxspec.drafting.head_files import (
+from mlxspec.decoding.target_features import (
+    decoder_layers,
+    final_norm,
+    forward_with_hidden,
+    output_head,
+    target_embedding_rows,
+    text_model,
+)
+from mlxspec.drafting.dflash.files import default_target_layers, save_dflash
+from mlxspec.drafting.dflash.model import DFlashConfig, DFlashDraftModel
+from mlxspec.drafting.heads.files import (
     base_model_identity,
     check_checkpoint_identity,
     checkpoint_state,

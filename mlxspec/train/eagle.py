@@ -20,13 +20,13 @@ import mlx.optimizers as optim
 import numpy as np
 
 from mlxspec.decoding.target_features import forward_with_hidden
-from mlxspec.drafting.corpus import split_files
-from mlxspec.drafting.feature_head import FeatureHead, HeadOnTarget, new_eagle_head, save_head
-from mlxspec.drafting.head_files import (
+from mlxspec.drafting.heads.feature_head import FeatureHead, HeadOnTarget, new_eagle_head, save_head
+from mlxspec.drafting.heads.files import (
     check_checkpoint_identity,
     checkpoint_state,
     warmup_cosine,
 )
+from mlxspec.drafting.lookup.corpus import split_files
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 from mlxspec.train.loop import train_steps

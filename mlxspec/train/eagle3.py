@@ -20,9 +20,9 @@ import mlx.optimizers as optim
 import numpy as np
 
 from mlxspec.decoding.target_features import forward_with_hidden, text_model
-from mlxspec.drafting.eagle3_files import default_aux_layers, save_eagle3
-from mlxspec.drafting.eagle3_model import Eagle3Config, Eagle3Head
-from mlxspec.drafting.head_files import (
+from mlxspec.drafting.eagle3.files import default_aux_layers, save_eagle3
+from mlxspec.drafting.eagle3.model import Eagle3Config, Eagle3Head
+from mlxspec.drafting.heads.files import (
     base_model_identity,
     check_checkpoint_identity,
     checkpoint_state,
@@ -141,7 +141,7 @@ def depth_agreement(head: Eagle3Head, embed, target: LoadedModel, windows: list[
 
 def eagle3_streams(target: LoadedModel, cfg: Eagle3TrainConfig, out_dir: Path, log: Callable[[str], None]):
     """(training tokens: greedy and sampled continuations, held-out greedy continuations), cached in out_dir."""
-    from mlxspec.drafting.corpus import split_files
+    from mlxspec.drafting.lookup.corpus import split_files
 
     train_files, heldout_files = split_files()
     out_dir.mkdir(parents=True, exist_ok=True)

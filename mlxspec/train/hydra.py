@@ -1,4 +1,4 @@
-"""`mlxspec train-heads --kind hydra`: Hydra heads (drafting/hydra.py) on a frozen target, distilled to its own
+"""`mlxspec train-heads --kind hydra`: Hydra heads (drafting/heads/hydra.py) on a frozen target, distilled to its own
 distribution.
 
 Two choices the Medusa trainer's plateau (head 1 top-1 0.143 against the corpus) pointed to:
@@ -22,9 +22,9 @@ import mlx.optimizers as optim
 import numpy as np
 
 from mlxspec.decoding.target_features import output_head, text_model
-from mlxspec.drafting.head_files import base_model_identity, check_checkpoint_identity, checkpoint_state, warmup_cosine
-from mlxspec.drafting.hydra import HydraHeads
-from mlxspec.drafting.medusa import MedusaConfig, save_medusa
+from mlxspec.drafting.heads.files import base_model_identity, check_checkpoint_identity, checkpoint_state, warmup_cosine
+from mlxspec.drafting.heads.hydra import HydraHeads
+from mlxspec.drafting.heads.medusa import MedusaConfig, save_medusa
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 from mlxspec.train.eagle3 import eagle3_streams

@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxspec.drafting.head_files import resume_checkpoint, save_checkpoint
+from mlxspec.drafting.heads.files import resume_checkpoint, save_checkpoint
 from mlxspec.errors import UserError
 
 CHECKPOINT_EVERY = 100

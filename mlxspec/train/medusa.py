@@ -14,15 +14,15 @@ import mlx.optimizers as optim
 import numpy as np
 
 from mlxspec.decoding.target_features import output_head
-from mlxspec.drafting.corpus import read_text, split_files
-from mlxspec.drafting.head_files import (
+from mlxspec.drafting.heads.files import (
     base_model_identity,
     checkpoint_state,
     resume_checkpoint,
     save_checkpoint,
     warmup_cosine,
 )
-from mlxspec.drafting.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads, save_medusa
+from mlxspec.drafting.heads.medusa import CONFIG_FILE, MedusaConfig, MedusaHeads, save_medusa
+from mlxspec.drafting.lookup.corpus import read_text, split_files
 from mlxspec.errors import UserError
 from mlxspec.loading import LoadedModel
 

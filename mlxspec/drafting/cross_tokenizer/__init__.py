@@ -1,0 +1,1 @@
+"""Drafts with a smaller model of another tokenizer: the drafter and the vocabulary bridge."""

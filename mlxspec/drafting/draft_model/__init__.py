@@ -1,0 +1,1 @@
+"""Draft models: the drafter, its compiled chain and batched rows."""

@@ -1,0 +1,1 @@
+"""EAGLE-3 heads in both published formats: the model, its files and the torch checkpoint reader."""

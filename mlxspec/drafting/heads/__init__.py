@@ -1,0 +1,1 @@
+"""Heads on the target: Medusa, Hydra, the EAGLE feature head and its drafter, MTP weights, head files."""
