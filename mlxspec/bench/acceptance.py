@@ -1,114 +1,155 @@
-"""Acceptance by depth of every drafter on held-out prompts: tau (tokens per target call) and alpha_d, the share of
-steps that keep depth d among those that drafted it with depth d-1 kept, at T=0 and T=0.7.
+"""`mlxspec bench acceptance`: tau (tokens per target call) and alpha by depth of every drafter on held-out prompts.
 
-No timings here (those are `mlxspec bench`): the counts depend only on the seeds. Example:
-
-    python scripts/acceptance_by_depth.py --eagle models/eagle --medusa models/medusa --depth 6 --json out.json
-    python scripts/acceptance_by_depth.py --eagle my-eagle3 --no-draft-model --depth 6 --json out.json
-    python scripts/acceptance_by_depth.py --medusa models/medusa --no-draft-model --depth 4 --medusa-trees 8:2,16:4
-    python scripts/acceptance_by_depth.py --dflash models/dflash --depth 7 --ddtrees 8:2,15:3 --json out.json
+alpha_d is the share of steps that keep depth d among those that drafted depth d with depth d-1 kept. No timings
+here (those are `mlxspec bench`): the counts depend only on the seeds, so two runs give the same table.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+from dataclasses import dataclass, field
+from typing import Any
 
-import mlx.core as mx
+from mlxspec.bench.steps import Steps, machine
 
-from mlxspec.bench.runner import heldout_prompts
-from mlxspec.decoding.assembly import build_engine
-from mlxspec.drafting.eagle3_files import load_eagle_head
-from mlxspec.drafting.factory import make_drafter
-from mlxspec.drafting.medusa import load_medusa
-from mlxspec.kernels import verify as verify_kernel
-from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
-from mlxspec.options import DecodeOptions
+MAX_DEPTH = 64
 
 
-def measure(target, options: DecodeOptions, prompts, max_tokens: int, **drafter_args) -> dict:
-    kept_at = [0] * 65  # steps that kept at least d drafts
-    drafted_at = [0] * 65  # steps that drafted depth d with depth d-1 kept
+@dataclass
+class AcceptanceConfig:
+    model: str | None = None
+    draft: str | None = None  # None: the embedded draft with the embedded target
+    eagle: str | None = None
+    medusa: str | None = None
+    dflash: str | None = None
+    draft_model: bool = True  # False: no draft-model row, even the embedded one
+    lookup: bool = True
+    depth: int = 6
+    num_prompts: int = 8
+    max_tokens: int = 128
+    temperatures: tuple[float, ...] = (0.0, 0.7)
+    eagle_trees: list[tuple[int, int]] = field(default_factory=lambda: [(8, 2), (16, 4)])  # nodes, beam
+    medusa_trees: list[tuple[int, int]] = field(default_factory=lambda: [(8, 2), (16, 4)])  # nodes, top-k
+    ddtrees: list[tuple[int, int]] = field(default_factory=lambda: [(8, 2), (15, 3)])  # nodes, top-k
+
+
+def parse_trees(flag: str, text: str) -> list[tuple[int, int]]:
+    """'8:2,16:4' -> [(8, 2), (16, 4)] (nodes:top-k), refusing anything else in one line."""
+    from mlxspec.errors import UserError
+
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        nodes, _, topk = part.partition(":")
+        if not (nodes.isascii() and nodes.isdigit() and topk.isascii() and topk.isdigit()):
+            raise UserError(f"{flag} '{part}' is not NODES:TOPK (e.g. 8:2,16:4)")
+        if not (2 <= int(topk) <= int(nodes) <= 256):
+            raise UserError(f"{flag} '{part}': need 2 <= TOPK <= NODES <= 256")
+        out.append((int(nodes), int(topk)))
+    return out
+
+
+def measure(target, options, prompts: list[list[int]], max_tokens: int, **drafter_args: Any) -> dict:
+    """tau and alpha by depth of one drafter setting over the prompts (seed i for prompt i)."""
+    from mlxspec.decoding.assembly import build_engine
+    from mlxspec.drafting.factory import make_drafter
+    from mlxspec.kernels import verify as verify_kernel
+
+    kept_at = [0] * (MAX_DEPTH + 1)  # steps that kept at least d drafts
+    drafted_at = [0] * (MAX_DEPTH + 1)  # steps that drafted depth d with depth d-1 kept
     calls = tokens = 0
     backend, _ = verify_kernel.resolve(options.kernel)
+    view = verify_kernel.routed_view(target.model, backend)
     for seed, prompt in enumerate(prompts):
         drafter = make_drafter(options, target_model=target.model, **drafter_args)
-        engine = build_engine(verify_kernel.routed_view(target.model, backend), drafter, options, seed=seed)
-        if True:  # (the routed view is built once; no block to enter)
-            engine.prefill(prompt)
-            produced = 0
-            while produced < max_tokens:
-                step = engine.step(max_tokens - produced)
-                produced += len(step.tokens)
-                depth = options.depth if step.drafted else 0
-                for d in range(1, depth + 1):
-                    drafted_at[d] += step.accepted >= d - 1
-                    kept_at[d] += step.accepted >= d
+        engine = build_engine(view, drafter, options, seed=seed)
+        engine.prefill(prompt)
+        produced = 0
+        while produced < max_tokens:
+            step = engine.step(max_tokens - produced)
+            produced += len(step.tokens)
+            depth = min(options.depth, step.drafted)  # a chain's drafts, or a tree's depth
+            for d in range(1, depth + 1):
+                drafted_at[d] += step.accepted >= d - 1
+                kept_at[d] += step.accepted >= d
         calls += engine.target_calls
         tokens += produced
-    depth = options.depth
-    alpha = [kept_at[d] / drafted_at[d] if drafted_at[d] else 0.0 for d in range(1, depth + 1)]
-    return {"tau": tokens / calls, "alpha_by_depth": [round(a, 3) for a in alpha], "target_calls": calls}
+    alpha = [kept_at[d] / drafted_at[d] if drafted_at[d] else 0.0 for d in range(1, options.depth + 1)]
+    return {"tau": round(tokens / calls, 3), "alpha_by_depth": [round(a, 3) for a in alpha], "target_calls": calls}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--eagle", default=None)
-    parser.add_argument("--medusa", default=None)
-    parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--num-prompts", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--trees", default="8:2,16:4,24:4", help="EAGLE-2 trees as nodes:beam, comma-separated")
-    parser.add_argument("--medusa-trees", default="8:2,16:4", help="Medusa/Hydra sparse trees as nodes:topk")
-    parser.add_argument("--dflash", default=None, help="a DFlash drafter (chains, and the --ddtrees)")
-    parser.add_argument("--ddtrees", default="8:2,15:3,24:4", help="DDTrees as nodes:topk, comma-separated")
-    parser.add_argument("--no-draft-model", action="store_true", help="skip the draft-model chain")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    target = load_model(DEFAULT_TARGET)
-    draft = load_model(DEFAULT_DRAFT)
-    prompts = heldout_prompts(target.tokenizer, args.num_prompts, 128)
-    eagle = load_eagle_head(args.eagle, target) if args.eagle else None  # mlxspec's EAGLE head or an EAGLE-3 head
-    medusa = load_medusa(args.medusa, target.path) if args.medusa else None
-    dflash = None
-    if args.dflash:
-        from mlxspec.drafting.dflash_files import load_dflash
+def runs_for(config: AcceptanceConfig, temperature: float, drafters: dict) -> dict:
+    """name -> (DecodeOptions, drafter arguments) for every drafter present, chains and trees."""
+    from mlxspec.options import DecodeOptions
 
-        dflash = load_dflash(args.dflash, target)
+    chain = DecodeOptions(temperature=temperature, num_draft=config.depth, lookup=False)
+    runs: dict = {}
+    if drafters.get("draft_model") is not None:
+        runs["draft model chain"] = (chain, {"draft_model": drafters["draft_model"]})
+    if config.lookup:
+        runs["prompt lookup"] = (chain.updated(use_draft=False, lookup=True), {})
+    if (dflash := drafters.get("dflash")) is not None:
+        block = min(config.depth, dflash.config.block_size - 1)
+        runs["dflash chain"] = (chain.updated(num_draft=block), {"dflash": dflash})
+        for nodes, topk in config.ddtrees:
+            tree = chain.updated(num_draft=block, tree_topk=topk, tree_nodes=nodes)
+            runs[f"dflash ddtree {nodes}n top{topk}"] = (tree, {"dflash": dflash})
+    if (head := drafters.get("feature_head")) is not None:
+        runs["eagle chain"] = (chain, {"feature_head": head})
+        for nodes, beam in config.eagle_trees:
+            runs[f"eagle tree {nodes}n beam {beam}"] = (
+                chain.updated(tree_topk=beam, tree_nodes=nodes),
+                {"feature_head": head},
+            )
+    if (medusa := drafters.get("medusa")) is not None:
+        heads = chain.updated(num_draft=medusa.config.num_heads)
+        runs["medusa chain"] = (heads, {"medusa": medusa})
+        for nodes, topk in config.medusa_trees:
+            runs[f"medusa tree {nodes}n top{topk}"] = (
+                heads.updated(tree_topk=topk, tree_nodes=nodes),
+                {"medusa": medusa},
+            )
+    return runs
+
+
+def load_drafters(config: AcceptanceConfig, target) -> dict:
+    from mlxspec.loading import DEFAULT_DRAFT, load_model
+
+    drafters: dict = {}
+    draft = config.draft or (str(DEFAULT_DRAFT) if config.model is None else None)
+    if draft and config.draft_model:
+        drafters["draft_model"] = load_model(draft).model
+    if config.eagle:
+        from mlxspec.drafting.eagle3.files import load_eagle_head
+
+        drafters["feature_head"] = load_eagle_head(config.eagle, target)  # an EAGLE-1/2 or an EAGLE-3 head
+    if config.medusa:
+        from mlxspec.drafting.heads.medusa import load_medusa
+
+        drafters["medusa"] = load_medusa(config.medusa, target.path)
+    if config.dflash:
+        from mlxspec.drafting.dflash.files import load_dflash
+
+        drafters["dflash"] = load_dflash(config.dflash, target)
+    return drafters
+
+
+def run_acceptance(config: AcceptanceConfig, echo=print) -> dict:
+    """The rows of every drafter at every temperature; printed through `echo` as they finish."""
+    import mlx.core as mx
+
+    from mlxspec.bench.runner import heldout_prompts
+    from mlxspec.loading import DEFAULT_TARGET, load_model
+
+    target = load_model(config.model or DEFAULT_TARGET)
+    drafters = load_drafters(config, target)
+    prompts = heldout_prompts(target.tokenizer, config.num_prompts, 128)
+    plan = {t: runs_for(config, t, drafters) for t in config.temperatures}
+    steps = Steps(sum(len(runs) for runs in plan.values()), "bench acceptance")
     rows = {}
-    for temperature in (0.0, 0.7):
-        chain = DecodeOptions(temperature=temperature, num_draft=args.depth, lookup=False)
-        runs = {} if args.no_draft_model else {"draft model chain": (chain, {"draft_model": draft.model})}
-        if dflash is not None:
-            runs["dflash chain"] = (chain, {"dflash": dflash})
-            for spec in args.ddtrees.split(","):
-                nodes, topk = (int(x) for x in spec.split(":"))
-                runs[f"dflash ddtree {nodes}n top{topk}"] = (
-                    chain.updated(tree_topk=topk, tree_nodes=nodes),
-                    {"dflash": dflash},
-                )
-        if eagle is not None:
-            runs["eagle chain"] = (chain, {"feature_head": eagle})
-            for spec in args.trees.split(","):
-                nodes, beam = (int(x) for x in spec.split(":"))
-                tree = chain.updated(tree_topk=beam, tree_nodes=nodes)
-                runs[f"eagle tree {nodes}n beam {beam}"] = (tree, {"feature_head": eagle})
-        if medusa is not None:
-            heads_chain = chain.updated(num_draft=medusa.config.num_heads)
-            runs["medusa chain"] = (heads_chain, {"medusa": medusa})
-            for spec in args.medusa_trees.split(","):
-                nodes, topk = (int(x) for x in spec.split(":"))
-                tree = heads_chain.updated(tree_topk=topk, tree_nodes=nodes)
-                runs[f"medusa tree {nodes}n top{topk}"] = (tree, {"medusa": medusa})
+    for temperature, runs in plan.items():
         for name, (options, drafter_args) in runs.items():
-            result = measure(target, options.validate(), prompts, args.max_tokens, **drafter_args)
+            result = measure(target, options.validate(), prompts, config.max_tokens, **drafter_args)
             rows[f"{name} T={temperature}"] = result
-            print(f"{name:28s} T={temperature}: tau {result['tau']:.2f}  alpha by depth {result['alpha_by_depth']}")
+            echo(f"{name:28s} T={temperature}: tau {result['tau']:.2f}  alpha by depth {result['alpha_by_depth']}")
+            steps.done(f"{name} T={temperature}")
             mx.clear_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+    return {"machine": machine(), "prompts": len(prompts), "max_tokens": config.max_tokens, "rows": rows}

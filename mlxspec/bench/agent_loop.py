@@ -1,34 +1,22 @@
-"""An agent-loop workload for the shared suffix cache: files edited turn after turn, each turn resending the file
-so far and asking for what comes next.
+"""`mlxspec bench agent-loop`: an agent-loop workload for prompt lookup and the shared suffix cache.
 
 Each turn's prompt is the opening of a held-out stdlib file, a few lines longer than the turn before (the agent
 accepted some lines and resends the file); the model continues it greedily. What it writes mostly repeats what it
-wrote the turn before, one turn further on: text that is in no prompt, so prompt lookup cannot see it, while the
-suffix cache (earlier outputs, shared across requests) can. Several files' loops are interleaved, as agents share a
-server. Every configuration runs the same turns in one process, one after the other, each with a fresh Speculator
-(an empty suffix cache), and must write the same text as plain decoding (greedy: exact).
-
-  python scripts/agent_loop_bench.py                                  # the embedded models
-  python scripts/agent_loop_bench.py --model /tmp/target-24x768 --out docs/results/agent-loop-widened.json
-
-Run it with OpenBLAS preloaded as mlxspec's CLI does (LD_PRELOAD=.../libblas.so.3 OPENBLAS_THREAD_TIMEOUT=4).
+wrote the turn before, one turn further on: text in no prompt, which prompt lookup cannot see and the suffix cache
+(earlier outputs, shared across requests) can. Several files' loops are interleaved, as agents share a server.
+Every configuration runs the same turns in one process, each with a fresh Speculator (an empty suffix cache), and
+must write plain decoding's text (greedy: exact).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import sys
 import sysconfig
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import mlxspec
-from mlxspec import DecodeOptions
-
-ROOT = Path(__file__).resolve().parents[1]
+from mlxspec.bench.steps import Steps, machine
 
 CONFIGS = {  # name -> DecodeOptions changes (greedy, no EOS stop, so every configuration writes the same tokens)
     "no draft": dict(use_draft=False),
@@ -39,11 +27,24 @@ CONFIGS = {  # name -> DecodeOptions changes (greedy, no EOS stop, so every conf
 }
 
 
+@dataclass
+class AgentLoopConfig:
+    model: str | None = None
+    draft: str | None = None
+    files: int = 3
+    rounds: int = 8
+    first_lines: int = 12
+    lines_per_turn: int = 3
+    max_tokens: int = 96
+
+
 def file_openings(count: int, min_lines: int) -> list[list[str]]:
     """The lines of `count` held-out stdlib files with at least `min_lines` lines."""
+    from mlxspec.loading import MODELS_DIR
+
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     out = []
-    for name in (ROOT / "models" / "heldout_files.txt").read_text().split():
+    for name in (MODELS_DIR / "heldout_files.txt").read_text().split():
         path = stdlib / name
         if path.exists():
             lines = path.read_text(errors="replace").splitlines(keepends=True)
@@ -54,17 +55,19 @@ def file_openings(count: int, min_lines: int) -> list[list[str]]:
     return out
 
 
-def turns(files: int, rounds: int, first: int, step: int) -> list[str]:
+def turns(config: AgentLoopConfig) -> list[str]:
     """The loops' prompts in the order they reach the server: round by round, file by file."""
-    openings = file_openings(files, first + step * rounds)
-    return ["".join(lines[: first + step * r]) for r in range(rounds) for lines in openings]
+    step, first = config.lines_per_turn, config.first_lines
+    openings = file_openings(config.files, first + step * config.rounds)
+    return ["".join(lines[: first + step * r]) for r in range(config.rounds) for lines in openings]
 
 
-def run(
-    model: str | None, draft: str | None, name: str, changes: dict, prompts: list[str], max_tokens: int
-) -> tuple[dict, list[str]]:
-    spec = mlxspec.load(model, draft=draft) if model else mlxspec.load()
-    options = DecodeOptions(max_tokens=max_tokens, temperature=0.0, stop_at_eos=False, **changes)
+def run_config(config: AgentLoopConfig, load: Callable, name: str, changes: dict, prompts: list[str]):
+    """One configuration over every turn, with a fresh Speculator from `load` (mlxspec.load): (its row, its texts)."""
+    from mlxspec.options import DecodeOptions
+
+    spec = load(config.model, draft=config.draft) if config.model else load()
+    options = DecodeOptions(max_tokens=config.max_tokens, temperature=0.0, stop_at_eos=False, **changes)
     spec.generate("import os\n", options.updated(max_tokens=8, suffix=False))  # warm-up; kept out of the index
     texts, tokens, seconds, drafted, accepted, calls = [], 0, 0.0, 0, 0, 0
     wall = time.perf_counter()
@@ -80,50 +83,35 @@ def run(
         "config": name,
         "options": changes,
         "tokens": tokens,
-        "decode_tok_s": round(tokens / seconds, 1),
+        "decode_tok_s": round(tokens / seconds, 1) if seconds else 0.0,
         "wall_tok_s": round(tokens / wall, 1),
         "alpha": round(accepted / drafted, 3) if drafted else 0.0,
-        "tau": round(tokens / calls, 2),
+        "tau": round(tokens / calls, 2) if calls else 0.0,
         "drafted": drafted,
         "accepted": accepted,
     }
     return row, texts
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="[default: the embedded target]")
-    parser.add_argument("--draft", default=None, help="[default: the embedded draft]")
-    parser.add_argument("--files", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--first-lines", type=int, default=12)
-    parser.add_argument("--lines-per-turn", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    prompts = turns(args.files, args.rounds, args.first_lines, args.lines_per_turn)
-    draft = args.draft or ("models/draft" if args.model else None)
-    report = {
-        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
-        "command": "python scripts/agent_loop_bench.py " + " ".join(sys.argv[1:]),
-        "blas": os.environ.get("LD_PRELOAD", "MLX's own"),
-        "requests": len(prompts),
-        "rows": [],
-    }
+def run_agent_loop(config: AgentLoopConfig, load: Callable, echo: Callable = print) -> dict:
+    """Every configuration over the same turns, each Speculator from `load` (mlxspec.load, passed in: the API sits
+    above this floor); the report, also printed row by row through `echo`."""
+    from mlxspec.loading import DEFAULT_DRAFT
+
+    prompts = turns(config)
+    if config.model and not config.draft:
+        config.draft = str(DEFAULT_DRAFT)  # a target of the user's own still gets the embedded draft's rows
+    report = {"machine": machine(), "requests": len(prompts), "rows": []}
+    steps = Steps(len(CONFIGS), f"bench agent-loop, {len(prompts)} turns each")
     reference = None
     for name, changes in CONFIGS.items():
-        row, texts = run(args.model, draft, name, changes, prompts, args.max_tokens)
+        row, texts = run_config(config, load, name, changes, prompts)
         reference = reference or texts
         row["exact"] = texts == reference  # greedy: every configuration writes plain decoding's text
         report["rows"].append(row)
-        print(
+        echo(
             f"{name:38s} {row['decode_tok_s']:7.1f} tok/s decoding ({row['wall_tok_s']:6.1f} with prefill)  "
-            f"alpha {row['alpha']:.2f}  tau {row['tau']:.2f}  exact {row['exact']}",
-            flush=True,
+            f"alpha {row['alpha']:.2f}  tau {row['tau']:.2f}  exact {row['exact']}"
         )
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+        steps.done(name)
+    return report
