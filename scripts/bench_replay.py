@@ -81,8 +81,8 @@ def run(target, drafter, tokens: int, num_draft: int, max_merged_replay: int | N
         "forwards": forwards,
         "mean_width": sum(w * n for w, n in widths.items()) / forwards,
         "widths": dict(sorted(widths.items())),
-        "replayed": engine.replayed,
-        "catch_up": engine.catch_up_forwards,
+        "replayed": engine.deferred.replayed,
+        "catch_up": engine.deferred.catch_up_forwards,
     }
 
 

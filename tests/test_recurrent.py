@@ -49,7 +49,7 @@ def test_greedy_equals_mlx_lm_greedy_with_drafts_accepted_and_rejected(target_fa
         engines = []
         got = speculative_tokens(target, draft, prompt, 24, num_draft=num_draft, engine_out=engines, totals=totals)
         assert got == mlx_lm_greedy(target, prompt, 24)
-        replayed += engines[0].replayed
+        replayed += engines[0].deferred.replayed
     assert 0 < totals["accepted"] < totals["drafted"]  # drafts were really accepted, and really rejected
     if target_family != "llama":
         assert replayed > 0  # rejections rewound the recurrent layers and replayed the accepted tokens
@@ -64,10 +64,10 @@ def test_target_cache_after_rejections_equals_plain_decoding_cache():
         target, draft, prompt, 17, num_draft=3, sampling=SamplingConfig(1.0), seed=4, engine_out=engines
     )
     engine = engines[0]
-    assert engine.replayed > 0
+    assert engine.deferred.replayed > 0
     engine.settle()
     fed = prompt + tokens[:-1]
-    assert engine.position == len(fed) and engine.replay == []
+    assert engine.position == len(fed) and engine.deferred.tokens == []
     plain = make_prompt_cache(target)
     for token in fed:
         target(mx.array([[token]]), cache=plain)
@@ -98,7 +98,7 @@ def test_one_host_sync_per_step_with_replay_fed_alone(monkeypatch):
     monkeypatch.setattr(mx, "eval", lambda *a: syncs.append("eval"))
     for _ in range(8):
         engine.step(100)
-    assert engine.catch_up_forwards > 0
+    assert engine.deferred.catch_up_forwards > 0
     assert syncs == ["to_host"] * 8
 
 
@@ -189,7 +189,7 @@ def test_speculative_samples_on_a_hybrid_follow_the_target_distribution(sampling
             target, draft, prompt, length, num_draft=2, sampling=sampling, seed=seed, engine_out=engines
         )
         counts[tuple(out)] += 1
-        replayed += engines[0].replayed
+        replayed += engines[0].deferred.replayed
     assert replayed > 200  # the replay path ran in many of the runs
     assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
     assert chi_square_pvalue(counts, exact_joint(draft, prompt, sampling, length)) < ALPHA

@@ -9,11 +9,12 @@ from typing import Protocol
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxspec.cache.recurrent import Snapshot, recurrent_leaves, rewind, snapshot
+from mlxspec.cache.recurrent import Snapshot, snapshot
 from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.forward import PREFILL, DraftRequest, EngineState, ForwardRequest, Phases, StepResult, drive
-from mlxspec.decoding.sampling import SamplingConfig
+from mlxspec.decoding.replay import DeferredReplay
+from mlxspec.decoding.sampling import SamplingConfig, first_token_allowed
 from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
 from mlxspec.decoding.verify import target_samples, verify_nodes, verify_sampled_chain
 
@@ -65,19 +66,10 @@ class SpeculativeEngine:
         # `cache`: a target cache kept from an earlier run (prompt_cache.py), built for the same CacheSpec.
         self.cache_spec = CacheSpec(rollback_room(drafter, num_draft, max_nodes), kv_bits)
         self.cache = cache if cache is not None else self.cache_spec.make(target)
-        # Recurrent layers (SSM, linear attention) cannot be trimmed: a step that rejects drafts rewinds them to a
-        # snapshot taken before its forward and feeds the accepted tokens again at the front of the next forward
-        # (deferred replay, recurrent.py), which widens that pass instead of costing one more.
-        self.recurrent = recurrent_leaves(self.cache)
-        self.replay: list[int] = []  # accepted tokens the rewound cache has yet to see again
-        self._fed: list[int] = []  # the host tokens fed ahead of the drafts in the last forward (replay + pending)
-        self._before: Snapshot = []  # the recurrent state before the last forward
-        self.replayed = 0  # tokens fed again by deferred replay
-        # Each rejection rewinds to before the whole forward, replay included, so replay grows over a run of
-        # rejections. Past this many tokens it is fed as a forward of its own ahead of the verify forward (queued
-        # in the same step: still one sync), after which the snapshot is taken: widths stay bounded.
-        self.max_merged_replay = self.num_draft + 1 if max_merged_replay is None else max_merged_replay
-        self.catch_up_forwards = 0
+        # Recurrent layers cannot be trimmed: they roll back by snapshot and deferred replay (replay.py).
+        merged = self.num_draft + 1 if max_merged_replay is None else max_merged_replay
+        self.deferred = DeferredReplay(self.cache, merged)
+        self.recurrent = self.deferred.recurrent
         self.forward_widths: dict[int, int] = {}  # tokens per target forward -> how many forwards
         # Plain steps queue their next forward before the sync; a step whose sampled token must be redrawn
         # (a `short` top-p row, see sampling.to_probs_checked) then rolls that forward back, which a recurrent
@@ -164,7 +156,7 @@ class SpeculativeEngine:
         negative value means no further token fits."""
         if self.context_length is None:
             return None
-        return self.context_length - self.position - len(self.replay) - len(self.pending)
+        return self.context_length - self.position - len(self.deferred.tokens) - len(self.pending)
 
     def _mark(self, phase: str, *arrays) -> None:
         """Profiling only: finish `arrays`, charge the time since the last mark to `phase` (adds syncs)."""
@@ -225,14 +217,12 @@ class SpeculativeEngine:
 
     def _target_logits(self, draft: Draft | None, alone: bool = False) -> Phases:
         """[N, V] target logits after the pending token and each drafted node; feeds them all to the cache."""
-        if len(self.replay) > self.max_merged_replay:
+        if self.deferred.needs_own_forward():
             self._feed_replay_alone()
-        self._fed, skip = self.replay + self.pending, len(self.replay)
-        inputs = mx.array(self._fed, dtype=mx.int32)
+        fed, skip = self.deferred.ahead_of(self.pending)
+        inputs = mx.array(fed, dtype=mx.int32)
         if draft is not None:
             inputs = mx.concatenate([inputs, draft.tokens])
-        if self.recurrent:
-            self._before = snapshot(self.recurrent)
         taps = self.taps if self.wants_hidden else None
         alone = alone or bool(self.recurrent) or self.ranks is not None or self.first_token_mask is not None
         logits, hidden = yield ForwardRequest(self.target, inputs, self.cache, taps, alone=alone)
@@ -240,20 +230,14 @@ class SpeculativeEngine:
             self._hidden = hidden[skip:]
         self._count_forward(inputs.shape[0])
         self.position += inputs.shape[0]
-        self.replay, self.replayed = [], self.replayed + skip
         logits = logits[skip:]  # the replayed rows predict tokens already emitted
         if self.first_token_mask is not None:
-            vocab = min(logits.shape[-1], self.first_token_mask.shape[0])
-            allowed = mx.concatenate(
-                [self.first_token_mask[:vocab], mx.zeros(logits.shape[-1] - vocab, dtype=mx.bool_)]
-            )
-            logits = mx.where(allowed, logits, -mx.inf)
-            self.first_token_mask = None
+            logits, self.first_token_mask = first_token_allowed(logits, self.first_token_mask), None
         return logits
 
     def settle(self) -> None:
         """Feed any deferred replay now, so the target cache holds every token but the pending one."""
-        if self.replay:
+        if self.deferred.tokens:
             self._feed_replay_alone()
             mx.eval([c.state for c in self.cache])
 
@@ -261,15 +245,11 @@ class SpeculativeEngine:
         self.forward_widths[width] = self.forward_widths.get(width, 0) + 1
 
     def _feed_replay_alone(self) -> None:
-        """Queue a forward of the replay tokens only (its logits are never evaluated, so never computed)."""
-        self.target(mx.array(self.replay, dtype=mx.int32)[None], cache=self.cache)
+        width = self.deferred.feed_alone(self.target)
         if self.ranks is not None:  # sharded: one forward per evaluation keeps the ranks' messages in one order
             mx.eval([c.state for c in self.cache])
-        self._count_forward(len(self.replay))
-        self.position += len(self.replay)
-        self.replayed += len(self.replay)
-        self.catch_up_forwards += 1
-        self.replay = []
+        self._count_forward(width)
+        self.position += width
 
     def _plain_step(self, key: mx.array | None, max_new_tokens: int) -> Phases:
         """One token with no draft. When the next step will be plain too, its forward is queued on this step's
@@ -314,10 +294,7 @@ class SpeculativeEngine:
         if not self.recurrent:
             self._roll_back(rejected)
             return
-        fed = len(self._fed) + num_drafted
-        rewind(self.cache, self._before, fed)
-        self.position -= fed
-        self.replay = self._fed + kept
+        self.position -= self.deferred.rewind(num_drafted, kept)
 
     def _next_is_plain(self) -> bool:
         """Whether the next step is certain to be plain decoding, so its forward can be queued now: no drafter, one

@@ -139,3 +139,11 @@ def pick_draft_token(
     q = to_probs(logits, sampling)
     token = sample(q, key, False)
     return token, token[None], q
+
+
+def first_token_allowed(logits: mx.array, allowed: mx.array) -> mx.array:
+    """Token healing's constraint: logits [N, V] with every token outside `allowed` [V'] (bool) at -inf; ids past
+    V' (a wider output than the tokenizer's vocabulary) are not allowed."""
+    vocab = min(logits.shape[-1], allowed.shape[0])
+    mask = mx.concatenate([allowed[:vocab], mx.zeros(logits.shape[-1] - vocab, dtype=mx.bool_)])
+    return mx.where(mask, logits, -mx.inf)
