@@ -11,6 +11,7 @@ Both carry `num_target_layers` and `dflash_config.{target_layer_ids, mask_token_
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +50,37 @@ def fetch_dflash(source: str | Path) -> Path:
         ) from None
 
 
+# The most a DFlash config may say, checked before anything is built from it (a block of 10^9 rows, or 10^9 layers,
+# would be built before the weights are read). z-lab's drafters have blocks of 16 and a few layers.
+LIMITS = {"block_size": 1024, "num_hidden_layers": 256, "num_target_layers": 1024, "num_attention_heads": 1024}
+LIMITS |= {"num_key_value_heads": 1024, "head_dim": 4096, "hidden_size": 1 << 16, "intermediate_size": 1 << 18}
+LIMITS |= {"vocab_size": 1 << 22, "mask_token_id": (1 << 22) - 1, "max_position_embeddings": 1 << 24}
+LIMITS |= {"sliding_window": 1 << 24}
+ROPE_FACTOR_TYPES = ("linear", "dynamic", "yarn", "llama3", "longrope")
+
+
 def _number(raw: dict, key: str, where: str, kind: type = int, default: Any = None, low: float = 1) -> Any:
-    value = raw.get(key, default)
-    ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool) and value >= low
-    if not ok:
-        raise UserError(f"'{where}' says {key}={value!r}; a DFlash config needs a number >= {low} there")
+    value, high = raw.get(key, default), LIMITS.get(key, float("inf"))
+    number = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    if not (number and low <= value <= high and math.isfinite(value)):
+        span = f">= {low}" if high == float("inf") else f"from {low} to {high}"
+        raise UserError(f"'{where}' says {key}={value!r}; a DFlash config needs a number {span} there")
     return kind(value)
+
+
+def _rope_scaling(raw: dict, rope: dict, where: str) -> dict | None:
+    """The RoPE scaling settings (None for plain RoPE), refusing by name what initialize_rope could not read."""
+    scaling = raw.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
+    if not isinstance(scaling, dict):
+        raise UserError(f"'{where}' says rope_scaling={scaling!r}; it must be an object such as {{\"rope_type\": ...}}")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return None
+    if not isinstance(kind, str):
+        raise UserError(f"'{where}' says rope_type={kind!r}; it must be a name such as \"linear\"")
+    if kind in ROPE_FACTOR_TYPES:
+        _number(scaling, "factor", f"{where} rope_scaling", float, low=1e-6)
+    return scaling
 
 
 def parse_dflash_config(raw: dict, where: str) -> DFlashConfig:
@@ -74,9 +100,7 @@ def parse_dflash_config(raw: dict, where: str) -> DFlashConfig:
         raise UserError(f"'{where}' taps target layer {bad}, but says the target has {target_layers} layers")
     rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
     theta = rope.get("rope_theta", raw.get("rope_theta", 1e6))
-    scaling = raw.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
-    if scaling.get("rope_type", scaling.get("type", "default")) == "default":
-        scaling = None
+    scaling = _rope_scaling(raw, rope, where)
     block = extra.get("block_size", raw.get("block_size", 16))
     layer_types = raw.get("layer_types") or []
     if not (isinstance(layer_types, list) and len(layer_types) in (0, layers)):
@@ -156,7 +180,15 @@ def load_dflash(source: str | Path, target: LoadedModel) -> DFlashDraftModel:
     for file in files:
         safetensors_header(file)  # a truncated or garbage file is named before MLX maps it
         weights.update({k: v for k, v in mx.load(str(file)).items() if not k.startswith(SHARED_WEIGHTS)})
-    model = DFlashDraftModel(config)
+    if config.num_hidden_layers > len(weights):  # each layer has tensors: say so before building them
+        raise UserError(f"--dflash '{source}' says {config.num_hidden_layers} layers but holds {len(weights)} tensors")
+    try:
+        model = DFlashDraftModel(config)
+    except (KeyError, ValueError, TypeError, AssertionError) as error:  # RoPE settings mlx-lm cannot build
+        raise UserError(
+            f"--dflash '{source}': its rope_scaling {config.rope_scaling!r} is not one mlx-lm can build "
+            f"({type(error).__name__}: {error})"
+        ) from None
     check_weights_fit(model, weights, f"the DFlash drafter '{source}'")
     model.load_weights(list(weights.items()))
     if on_cpu():  # as the target: half-precision matmul is emulated on the CPU

@@ -51,6 +51,12 @@ def save_head_files(module: nn.Module, config, out_dir: Path, weights_file: str,
     (out_dir / config_file).write_text(json.dumps(asdict(config), indent=1) + "\n")
 
 
+# Sizes a heads config may give, checked before any module is built: a hostile num_heads of 10^9 would otherwise
+# build 10^9 heads before the weights are read. Drafts are at most 64 deep; the largest published vocabularies are
+# about 256k tokens.
+SIZE_LIMITS = {"num_heads": 64, "hidden_size": 1 << 16, "vocab_size": 1 << 22}
+
+
 def read_head_config(path: Path, config_file: str, config_class: type, what: str, trainer: str):
     """The config dataclass a heads directory holds, or one line naming the file and the fix: missing, unreadable,
     not an object, unknown or missing keys, or a size that is not a whole number >= 1."""
@@ -67,11 +73,11 @@ def read_head_config(path: Path, config_file: str, config_class: type, what: str
         ) from None
     if config is None:
         raise UserError(f"'{config_path}' holds {type(raw).__name__}, not a {what} config object; retrain it")
-    sizes = {f.name for f in fields(config)} & {"num_heads", "hidden_size", "vocab_size"}
+    sizes = {f.name for f in fields(config)} & set(SIZE_LIMITS)
     for name in sorted(sizes):
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UserError(f"'{config_path}' says {name}={value!r}; it must be a whole number >= 1; retrain it")
+        value, most = getattr(config, name), SIZE_LIMITS[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+            raise UserError(f"'{config_path}' says {name}={value!r}; it must be a whole number 1-{most}; retrain it")
     return config
 
 
@@ -88,7 +94,10 @@ def load_trained_head(
     weights = path / weights_file
     if not weights.exists():
         raise UserError(f"'{path}' has no {weights_file}; copy the whole {what} directory or retrain it")
-    safetensors_header(weights)  # a truncated or garbage file is named before MLX maps it
+    header = safetensors_header(weights)  # a truncated or garbage file is named before MLX maps it
+    heads = getattr(config, "num_heads", 0)
+    if heads > len(header):  # each head has at least one tensor: say so before building them
+        raise UserError(f"'{path}' says num_heads={heads}, but its weights hold {len(header)} tensors; retrain it")
     module = module_class(config)
     try:
         module.load_weights(str(weights))
