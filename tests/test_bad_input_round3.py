@@ -90,3 +90,43 @@ def test_a_dflash_drafter_with_linear_rope_scaling_and_a_factor_loads(tmp_path):
 
 
 assert mx and mlxspec
+
+
+# ---- row 6: a top-p that is 0 in float32 keeps the best token, as any tiny top-p does ----
+
+EDGE_TOP_PS = [1e-300, 1e-46, 1.4e-45, 1e-40, 1.1754943508222875e-38, 1e-30]
+
+
+def test_a_top_p_at_the_float32_edges_keeps_the_best_token_in_every_path():
+    """Every tiny top-p samples the greedy text: plain decoding, draft-model chains (rejection) and lookup (match),
+    and the whole-vocabulary ranking that redraws a short row."""
+    import numpy as np
+
+    from mlxspec.decoding.sampling import to_probs_checked, to_probs_sorted
+    from mlxspec.options import SamplingConfig
+
+    logits = mx.array(np.random.default_rng(0).normal(size=(3, 5000)).astype(np.float32) * 3)
+    best = np.array(mx.argmax(logits, axis=-1))
+    for top_p in EDGE_TOP_PS:
+        config = SamplingConfig(1.0, top_p, 0, 0.0)
+        for probs in (to_probs_checked(logits, config)[0], to_probs_sorted(logits, config)):
+            probs = np.array(probs)
+            assert np.isfinite(probs).all(), top_p
+            assert (probs.argmax(axis=-1) == best).all() and np.allclose(probs.max(axis=-1), 1.0), top_p
+    spec = mlxspec.load()
+    prompt = '# Copyright 2001\n"""Utilities for'
+    greedy = spec.generate(prompt, max_tokens=12, temperature=0.0, use_draft=False).tokens
+    for top_p in (1e-300, 1e-40):
+        for changes in (dict(use_draft=False), dict(num_draft=3), dict(use_draft=False, lookup=True)):
+            got = spec.generate(prompt, max_tokens=12, temperature=1.0, top_p=top_p, seed=3, **changes).tokens
+            assert got == greedy, (top_p, changes)
+
+
+def test_the_cli_samples_the_greedy_text_at_a_top_p_of_1e_300(cli_run):
+    prompt = '# Copyright 2001\n"""Utilities for'
+    common = ("generate", prompt, "--max-tokens", "12", "--json")
+    code, greedy, err = cli_run(*common, "--temp", "0", "--no-draft")
+    assert code == 0, err
+    code, tiny, err = cli_run(*common, "--temp", "1", "--top-p", "1e-300", "--no-draft")
+    assert code == 0, err
+    assert json.loads(tiny)["tokens"] == json.loads(greedy)["tokens"]

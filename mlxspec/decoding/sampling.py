@@ -19,6 +19,14 @@ from mlxspec.options import SamplingConfig
 # target's forward; the filters only ever keep the best few hundred tokens of a trained model.
 CANDIDATES = 1024
 INVERSE_CDF_MIN_VOCAB = 32768  # sample() by inverse CDF at and above this many tokens (CPU)
+# The smallest normal float32. A top-p below it is 0 once MLX compares it with float32 masses, which would keep no
+# token at all (mlx-lm's apply_top_p then drops every one); any p this small keeps just the best token (and its
+# ties), as a top-p of 1e-40 does.
+FLOAT32_TINY = 1.1754943508222875e-38
+
+
+def float32_top_p(top_p: float) -> float:
+    return max(top_p, FLOAT32_TINY)
 
 
 def to_probs(logits: mx.array, config: SamplingConfig) -> mx.array:
@@ -58,7 +66,8 @@ def _candidate_probs(rows: mx.array, config: SamplingConfig, count: int) -> tupl
     if 0 < config.top_p < 1:
         probs = mx.exp(values - row_logsumexp(rows))
         mass_before = mx.cumsum(probs, axis=-1, inclusive=False)
-        kept = (mass_before < config.top_p).sum(axis=-1, keepdims=True)  # >= 1: the best token is always kept
+        kept = (mass_before < float32_top_p(config.top_p)).sum(axis=-1, keepdims=True)
+        kept = mx.maximum(kept, 1)  # the best token is always kept
         threshold = mx.take_along_axis(values, kept - 1, axis=-1)
         keep = values >= threshold  # ties with the threshold stay, as in mlx-lm
         outside_survives = outside_survives & (threshold <= last)
@@ -81,7 +90,7 @@ def to_probs_sorted(logits: mx.array, config: SamplingConfig) -> mx.array:
         return (mx.arange(logits.shape[-1]) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     if 0 < config.top_p < 1.0:
-        logprobs = apply_top_p(logprobs, config.top_p)
+        logprobs = apply_top_p(logprobs, float32_top_p(config.top_p))
     if config.min_p != 0.0:
         logprobs = apply_min_p(logprobs, config.min_p)
     if 0 < config.top_k < logprobs.shape[-1]:
