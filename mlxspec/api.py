@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxspec.errors import UserError
-from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
+from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, embedded_or, load_model
 from mlxspec.options import DecodeOptions
 from mlxspec.results import GenerationResult
 from mlxspec.speculator import Speculator, describe_drafter
@@ -100,6 +100,8 @@ def load(
     """
     if options is not None and not isinstance(options, DecodeOptions):
         raise UserError(f"options {options!r} is a {type(options).__name__}; pass a DecodeOptions")
+    draft = embedded_or(draft, "draft")
+    medusa, eagle, dflash = embedded_or(medusa, "medusa"), embedded_or(eagle, "eagle"), embedded_or(dflash, "dflash")
     given = {"num_draft": num_draft, "kv_bits": kv_bits, "draft_window": draft_window}
     options = (options or DecodeOptions()).updated(**{k: v for k, v in given.items() if v is not None}).validate()
     for name, bits in (("quantize_target", quantize_target), ("draft_bits", draft_bits), ("mtp_bits", mtp_bits)):
@@ -189,7 +191,7 @@ def _load_dflash(source, target):
 def _auto_drafter(target, name: str, draft_bits: int | None):
     """--draft auto for a target of the user's own: the best drafter the local Hugging Face cache holds for it
     (discovery.py), loaded; a choice that fails to load is passed over, down to prompt lookup."""
-    from mlxspec.drafting.discovery import AutoChoice, find_drafters
+    from mlxspec.drafting.discovery import ENTRY_ERRORS, AutoChoice, find_drafters
 
     candidates = find_drafters(target.path, name)
     skipped = []
@@ -206,8 +208,9 @@ def _auto_drafter(target, name: str, draft_bits: int | None):
             else:
                 drafters.draft = load_model(candidate.path, quantize_bits=draft_bits)
             return AutoChoice(candidate, candidates, skipped, drafters)
-        except UserError as error:  # a partial download, a format we refuse: say so and try the next
-            skipped.append(f"{candidate.source}: {str(error).split(';')[0]}")
+        except ENTRY_ERRORS as error:  # a partial download, a format we refuse: say so and try the next
+            reason = str(error).split(";")[0] if isinstance(error, UserError) else type(error).__name__
+            skipped.append(f"{candidate.source}: {reason}")
     return AutoChoice(None, candidates, skipped, None)
 
 

@@ -170,10 +170,14 @@ class BatchRows:
 def generate_batch(speculator, prompts: list, options: Any = None, max_batch: int | None = None) -> list:
     """Speculator.generate for every prompt, decoded together (at most max_batch at once); results in order.
     `options`: one DecodeOptions for all, or one per prompt. A row that fails raises once all rows are done."""
+    from mlxspec.errors import UserError
+
+    if not isinstance(prompts, (list, tuple)):  # a bare string would be decoded one row per character
+        raise UserError(f"prompts must be a list of prompts, not {type(prompts).__name__}; for one, pass [prompt]")
+    if max_batch is not None and (type(max_batch) is not int or max_batch < 1):
+        raise UserError(f"max_batch {max_batch!r} must be a whole number >= 1, or None for every prompt at once")
     per_row = options if isinstance(options, (list, tuple)) else [options] * len(prompts)
     if len(per_row) != len(prompts):
-        from mlxspec.errors import UserError
-
         raise UserError(f"{len(per_row)} options for {len(prompts)} prompts; pass one, or one per prompt")
     runs = [speculator.call_options(o, {}) for o in per_row]  # every row's options checked before any runs
     rows, results, waiting = BatchRows(), {}, list(range(len(prompts)))

@@ -164,7 +164,7 @@ def check_launch_environment() -> None:
         ) from None
     if not isinstance(hosts, list) or not hosts:
         raise UserError(f"MLX_HOSTFILE '{hostfile}' holds no list of hosts; let mlx.launch write it")
-    if rank is not None and (not rank.isdigit() or int(rank) >= len(hosts)):
+    if rank is not None and (not (rank.isascii() and rank.isdigit()) or int(rank) >= len(hosts)):
         raise UserError(
             f"MLX_RANK {rank} is not one of the {len(hosts)} ranks in MLX_HOSTFILE '{hostfile}' (0..{len(hosts) - 1})"
         )

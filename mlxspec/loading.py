@@ -19,6 +19,19 @@ from mlxspec.platform import models_dir
 MODELS_DIR = models_dir()
 DEFAULT_TARGET = MODELS_DIR / "target"
 DEFAULT_DRAFT = MODELS_DIR / "draft"
+EMBEDDED = "embedded"  # `--eagle embedded` (and --draft, --medusa, --dflash): the drafter shipped in the package
+
+
+def embedded_or(source: Any, kind: str) -> Any:
+    """MODELS_DIR/kind for the name "embedded", wherever mlxspec is installed (a wheel, pipx); anything else as is."""
+    if source != EMBEDDED:
+        return source
+    path = MODELS_DIR / kind
+    if not path.is_dir():
+        raise UserError(f"this install ships no embedded {kind}; pass a directory or a Hugging Face repo id")
+    return path
+
+
 HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

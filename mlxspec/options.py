@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -59,13 +60,16 @@ def parse_num_draft(value: Any) -> int | str:
     """An int 1..64 or 'auto' (CLI text '4' and 'auto' included); anything else is refused by name."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):  # ASCII digits: '²'.isdigit() is True
         value = int(value)
     if not _is_int(value):
         raise UserError(f"num_draft {value!r} is not a whole number; pass 1..{MAX_NUM_DRAFT} or 'auto'")
     if not 1 <= value <= MAX_NUM_DRAFT:
         raise UserError(f"num_draft {value} is outside 1..{MAX_NUM_DRAFT}; 4 is a good start, or 'auto' to adapt it")
     return int(value)
+
+
+FLAGS = ("stop_at_eos", "chat", "heal", "truncate", "use_draft", "lookup", "corpus_fallback", "suffix")
 
 
 @dataclass
@@ -142,6 +146,12 @@ class DecodeOptions:
         """The most drafted nodes one step may verify."""
         return self.depth * max(self.tree_topk, self.lookup_candidates if self.lookup else 1)
 
+    def plain(self, **changes: Any) -> DecodeOptions:
+        """The same run decoded plainly: no drafter and none of the drafting settings that need one (a tree, lookup's
+        candidates, the suffix cache), whatever these options draft with."""
+        drafting = dict(use_draft=False, lookup=False, suffix=False, tree_topk=1, tree_nodes=None, lookup_candidates=1)
+        return self.updated(**drafting, **changes)
+
     def updated(self, **changes: Any) -> DecodeOptions:
         """A copy with `changes` applied; an unknown name is refused with the list of known ones."""
         known = {f.name for f in fields(self)}
@@ -152,6 +162,9 @@ class DecodeOptions:
 
     def validate(self, vocab_size: int | None = None) -> DecodeOptions:
         """Refuse bad values by name (one line each); returns a normalized copy (stop as a list, num_draft parsed)."""
+        for name in FLAGS:  # "False" and "no" are true in Python: a flag must be a real bool
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{name} {getattr(self, name)!r} must be True or False")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise UserError(f"max_tokens {self.max_tokens!r} must be a whole number >= 1")
         for name in ("temperature", "top_p", "min_p"):

@@ -51,9 +51,8 @@ def probe(speculator: Any, tokens: int = 32, prompts: tuple[str, ...] = PROBE_PR
     compared = 0
     for prompt in prompts:
         ids = speculator.tokenizer.encode(prompt)
-        plain = speculator.generate(
-            ids, max_tokens=tokens, temperature=0.0, use_draft=False, lookup=False, stop_at_eos=False
-        ).tokens
+        plain_options = speculator.options.plain(max_tokens=tokens, temperature=0.0, stop_at_eos=False)
+        plain = speculator.generate(ids, plain_options).tokens
         spec = speculator.generate(ids, max_tokens=tokens, temperature=0.0, stop_at_eos=False, **drafting).tokens
         same = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
         if same is None:

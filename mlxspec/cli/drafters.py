@@ -40,9 +40,12 @@ def _size(size: int) -> str:
 def drafters(model: str, show_all: bool, as_json: bool) -> None:
     """List the drafters in the local Hugging Face cache that fit a target, best first, and what --draft auto picks."""
     from mlxspec.drafting.discovery import choice_line, find_drafters, hub_cache_dir, pick
+    from mlxspec.loading import MODELS_DIR
 
     path, name = _cached_target(model)
-    candidates = find_drafters(path, name)
+    shipped = [(MODELS_DIR / kind) for kind in ("dflash", "eagle", "draft")] if not model else []
+    shipped = [("embedded", path) for path in shipped if path.is_dir()]  # `--eagle embedded` and so on
+    candidates = find_drafters(path, name, also=shipped)
     chosen = pick(candidates)
     if as_json:
         out = {

@@ -51,6 +51,9 @@ def check_contradictions(p: dict) -> None:
         raise UserError(f"--lookup-candidates {p['lookup_candidates']} needs --lookup")
     if p["no_corpus_fallback"] and not (p["lookup"] or p.get("suffix")):
         raise UserError("--no-corpus-fallback needs --lookup")
+    tree = "--tree-topk" if (p.get("tree_topk") or 1) > 1 else "--tree-nodes" if p.get("tree_nodes") else None
+    if p["no_draft"] and tree:
+        raise UserError(f"{tree} drafts a tree from a draft model or heads, and --no-draft leaves none; drop one")
 
 
 def options_from(p: dict) -> DecodeOptions:

@@ -22,7 +22,9 @@ from typing import Any
 from mlxspec.errors import UserError
 from mlxspec.model_files import text_config
 
-KIND_ORDER = ("dflash", "eagle3", "eagle", "mtp", "draft")
+KIND_ORDER = ("dflash", "eagle3", "eagle", "mtp", "draft", "unreadable")
+# What reading one cache entry may raise on a damaged or hostile file: it is skipped with a note, and the rest read.
+ENTRY_ERRORS = (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError, UserError)
 SIDECAR_TYPES = ("qwen3_5_mtp",)  # mtp_weights.SIDECAR_TYPES, named here without importing MLX
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 
@@ -39,9 +41,8 @@ class Candidate:
 
     @property
     def flag(self) -> str:
-        return {"dflash": "--dflash", "eagle3": "--eagle", "eagle": "--eagle", "mtp": "--mtp", "draft": "--draft"}[
-            self.kind
-        ]
+        flags = {"dflash": "--dflash", "eagle3": "--eagle", "eagle": "--eagle", "mtp": "--mtp", "draft": "--draft"}
+        return flags.get(self.kind, "")
 
     def to_dict(self) -> dict:
         return {
@@ -67,30 +68,54 @@ def hub_cache_dir() -> Path:
         return Path.home() / ".cache" / "huggingface" / "hub"
 
 
-def cached_snapshots(cache: Path | None = None) -> list[tuple[str, Path]]:
-    """(repo id, snapshot directory) of every cached model repo: the snapshot refs/main names, else the newest."""
+def cached_snapshots(cache: Path | None = None, broken: list[tuple[str, Path, str]] | None = None):
+    """(repo id, snapshot directory) of every cached model repo: the snapshot refs/main names, else the newest. An
+    entry that cannot be read (a non-UTF-8 ref, a dangling or looping symlink) goes to `broken` as (repo, path, why)."""
     cache = cache or hub_cache_dir()
     found = []
     for repo_dir in sorted(cache.glob("models--*")):
         repo = repo_dir.name.removeprefix("models--").replace("--", "/")
-        ref = repo_dir / "refs" / "main"
-        snapshot = repo_dir / "snapshots" / ref.read_text().strip() if ref.is_file() else None
-        if snapshot is None or not snapshot.is_dir():
-            snapshots = sorted((repo_dir / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime)
-            snapshot = snapshots[-1] if snapshots else None
-        if snapshot is not None and snapshot.is_dir():
+        try:
+            snapshot = _snapshot_of(repo_dir)
+        except ENTRY_ERRORS as error:
+            if broken is not None:
+                broken.append((repo, repo_dir, _unreadable(error)))
+            continue
+        if snapshot is not None:
             found.append((repo, snapshot))
     return found
+
+
+def _snapshot_of(repo_dir: Path) -> Path | None:
+    ref = repo_dir / "refs" / "main"
+    snapshot = repo_dir / "snapshots" / ref.read_text(encoding="utf-8").strip() if ref.is_file() else None
+    if snapshot is None or not snapshot.is_dir():
+        snapshots = sorted((repo_dir / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime)
+        snapshot = snapshots[-1] if snapshots else None
+    if snapshot is not None and snapshot.is_dir():
+        snapshot.resolve(strict=True)  # a looping link fails here, by name, not later while reading it
+        return snapshot
+    return None
+
+
+def _unreadable(error: Exception) -> str:
+    reason = " ".join(str(error).split())[:100]
+    return f"skipped: unreadable ({type(error).__name__}{': ' + reason if reason else ''})"
 
 
 def weights_bytes(path: Path) -> int:
     return sum(f.stat().st_size for pattern in WEIGHT_GLOBS for f in path.glob(pattern) if f.exists())
 
 
+def _int(value: Any) -> int:
+    """A size read from a config someone else wrote: an int, or 0 (no match) for anything else."""
+    return value if type(value) is int else 0
+
+
 def _json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -135,9 +160,9 @@ class TargetFacts:
             path=path,
             name=model_name(repo_of(path) or name or str(path)),
             config=config,
-            layers=int(own.get("num_hidden_layers") or 0),
-            hidden=int(own.get("hidden_size") or 0),
-            vocab=int(own.get("vocab_size") or 0),
+            layers=_int(own.get("num_hidden_layers")),
+            hidden=_int(own.get("hidden_size")),
+            vocab=_int(own.get("vocab_size")),
             family=str(own.get("model_type") or ""),
             size_bytes=weights_bytes(path),
         )
@@ -166,9 +191,9 @@ def judge(repo: str, path: Path, facts: TargetFacts) -> Candidate | None:
     if isinstance(config.get("dflash_config"), dict):
         wrong = _mismatch(
             facts,
-            layers=int(config.get("num_target_layers") or 0),
-            hidden=int(config.get("hidden_size") or 0),
-            vocab=int(config.get("vocab_size") or 0),
+            layers=_int(config.get("num_target_layers")),
+            hidden=_int(config.get("hidden_size")),
+            vocab=_int(config.get("vocab_size")),
         )
         named = _named_for(facts, repo, r"-dflash.*$")
         return Candidate("dflash", repo, path, size, not wrong, wrong or _sizes_match(named), named)
@@ -191,9 +216,9 @@ def _judge_mtp_sidecar(repo: str, path: Path, config: dict, facts: TargetFacts, 
     own = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     wrong = _mismatch(
         facts,
-        layers=int(own.get("num_hidden_layers") or 0),
-        hidden=int(own.get("hidden_size") or 0),
-        vocab=int(own.get("vocab_size") or 0),
+        layers=_int(own.get("num_hidden_layers")),
+        hidden=_int(own.get("hidden_size")),
+        vocab=_int(own.get("vocab_size")),
     )
     if not wrong and LAYOUTS.get(facts.family) is not LAYOUTS["qwen3_next"]:
         wrong = f"a {config['model_type']} sidecar, and the target is {facts.family}"
@@ -233,11 +258,13 @@ def _vocabulary_key(path: Path) -> tuple | None:
     """The tokenizer's content: its vocabulary and its added tokens (id, text, special), or None if unreadable."""
     raw = _json(path / "tokenizer.json")
     model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
-    vocab = model.get("vocab")
-    if vocab is None:
+    vocab, tokens = model.get("vocab"), raw.get("added_tokens", [])
+    try:  # someone else's file: a vocab or added_tokens of the wrong shape is unreadable, not a crash
+        items = tuple(sorted(vocab.items())) if isinstance(vocab, dict) else tuple(map(tuple, vocab))
+        added = tuple(sorted((t.get("id"), t.get("content"), bool(t.get("special"))) for t in tokens))
+        hash((items, added))
+    except (TypeError, AttributeError, ValueError):
         return None
-    items = tuple(sorted(vocab.items())) if isinstance(vocab, dict) else tuple(map(tuple, vocab))
-    added = tuple(sorted((t.get("id"), t.get("content"), bool(t.get("special"))) for t in raw.get("added_tokens", [])))
     return items, added
 
 
@@ -268,25 +295,37 @@ def _mtp_candidates(facts: TargetFacts, snapshots: list[tuple[str, Path]]) -> li
     places = [(str(facts.path), facts.path)] + [(r, p) for r, p in snapshots if p.resolve() != facts.path.resolve()]
     for repo, path in places:
         config = _json(path / "config.json")
-        own = text_config(config) if config else {}
-        same = (own.get("model_type"), own.get("num_hidden_layers"), own.get("hidden_size")) == (
-            facts.family,
-            facts.layers,
-            facts.hidden,
-        )
-        if same and holds_mtp_tensors(path, prefix):
+        try:
+            own = text_config(config) if config else {}
+            same = (own.get("model_type"), own.get("num_hidden_layers"), own.get("hidden_size")) == (
+                facts.family,
+                facts.layers,
+                facts.hidden,
+            )
+            holds = same and holds_mtp_tensors(path, prefix)
+        except ENTRY_ERRORS:  # judged (and named) with the other candidates
+            continue
+        if holds:
             where = "in the target's own files" if path == facts.path else "in a cached original checkpoint"
             found.append(Candidate("mtp", repo, path, 0, True, f"the target's native MTP head, {where}", True))
     return found
 
 
-def find_drafters(target_path: Path, target_name: str = "", cache: Path | None = None) -> list[Candidate]:
-    """Every cached drafter judged against the target, best first (matches before mismatches)."""
+def find_drafters(
+    target_path: Path, target_name: str = "", cache: Path | None = None, also: list[tuple[str, Path]] = ()
+) -> list[Candidate]:
+    """Every cached drafter (and those in `also`: (name, directory)) judged against the target, best first (matches
+    before mismatches)."""
     facts = TargetFacts.of(target_path, target_name)
-    snapshots = cached_snapshots(cache)
+    broken: list[tuple[str, Path, str]] = []
+    snapshots = list(also) + cached_snapshots(cache, broken)
     found = _mtp_candidates(facts, snapshots)
+    found += [Candidate("unreadable", repo, path, 0, False, why) for repo, path, why in broken]
     for repo, path in snapshots:
-        candidate = judge(repo, path, facts)
+        try:
+            candidate = judge(repo, path, facts)
+        except ENTRY_ERRORS as error:  # one damaged entry is named and passed over; the others are read
+            candidate = Candidate("unreadable", repo, path, 0, False, _unreadable(error))
         if candidate is not None:
             found.append(candidate)
     return sorted(found, key=lambda c: (not c.matches, KIND_ORDER.index(c.kind), not c.named_for_target, c.size_bytes))
@@ -300,7 +339,8 @@ def pick(candidates: list[Candidate]) -> Candidate | None:
 def choice_line(chosen: Candidate | None, considered: int) -> str:
     if chosen is None:
         return f"--draft auto: no cached drafter fits this target ({considered} considered); prompt lookup drafts"
-    return f"--draft auto: {chosen.flag} {chosen.source} from the cache ({chosen.why})"
+    where = "shipped with mlxspec" if chosen.source == "embedded" else "from the cache"
+    return f"--draft auto: {chosen.flag} {chosen.source} {where} ({chosen.why})"
 
 
 def describe(candidates: list[Candidate]) -> list[dict[str, Any]]:

@@ -25,15 +25,23 @@ SYSTEM_FINGERPRINT = f"fp_mlxspec_{__version__}"
 class RequestError(Exception):
     """A request the server refuses: an HTTP status and an OpenAI-style error object naming the parameter."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        kind: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.message, self.param, self.status = message, param, status
         kinds = {401: "authentication_error", 503: "overloaded_error", 500: "server_error"}
         self.kind = kind or kinds.get(status, "invalid_request_error")
+        codes = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large", 503: "queue_full"}
+        self.code = code or codes.get(status)
 
     def body(self) -> dict:
-        code = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large", 503: "queue_full"}.get(self.status)
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -151,6 +159,14 @@ def _speculative(value: Any) -> dict:
     changes = {SPECULATIVE_KEYS[k]: v for k, v in value.items()}
     if changes.get("suffix") and "lookup" not in changes:
         changes["lookup"] = True  # the suffix cache is searched by prompt lookup
+    if changes.get("suffix") and changes.get("lookup") is False:
+        raise RequestError("speculative.suffix searches by prompt lookup; drop lookup: false", "speculative.suffix")
+    # Turning a drafter off turns off what needs it, whatever the server was started with: a client can always
+    # ask for plain decoding (speculative.enabled: false, lookup: false).
+    if changes.get("use_draft") is False:
+        changes.update(tree_topk=1, tree_nodes=None)
+    if changes.get("lookup") is False:
+        changes.update(suffix=False, lookup_candidates=1)
     return changes
 
 

@@ -201,7 +201,7 @@ class Worker:
 
 def shutting_down() -> RequestError:
     """What a request gets once the server is stopping (a new error each time: they are raised and relayed)."""
-    return RequestError("the server is shutting down; retry against a running one", status=503)
+    return RequestError("the server is shutting down; retry against a running one", status=503, code="shutting_down")
 
 
 def sse(obj: dict | str) -> str:
@@ -318,7 +318,7 @@ class OpenAIServer:
             f"the request body is over this server's limit of {limit} bytes (serve --max-body-bytes)", status=413
         )
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise too_big
         chunks, size = [], 0
         async for chunk in request.stream():
