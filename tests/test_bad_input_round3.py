@@ -130,3 +130,119 @@ def test_the_cli_samples_the_greedy_text_at_a_top_p_of_1e_300(cli_run):
     code, tiny, err = cli_run(*common, "--temp", "1", "--top-p", "1e-300", "--no-draft")
     assert code == 0, err
     assert json.loads(tiny)["tokens"] == json.loads(greedy)["tokens"]
+
+
+# ---- rows 7 and 8: the Python API refuses what it would hang on or misread ----
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda s: s.generate_batch(["import os"] * 2, max_batch=-1), "max_batch -1"),
+        (lambda s: s.generate_batch(["import os"] * 2, max_batch=0), "max_batch 0"),
+        (lambda s: s.generate_batch(["import os"] * 2, max_batch="2"), "max_batch '2'"),
+        (lambda s: s.generate_batch(["import os"] * 2, max_batch=True), "max_batch True"),
+        (lambda s: s.generate_batch("import os"), "not str; for one, pass [prompt]"),
+        (lambda s: s.generate("import os", max_tokens=4, use_draft="False"), "use_draft 'False'"),
+        (lambda s: s.generate("import os", max_tokens=4, lookup="no"), "lookup 'no'"),
+        (lambda s: s.generate("import os", max_tokens=4, chat="yes"), "chat 'yes'"),
+        (lambda s: s.generate("import os", max_tokens=4, stop_at_eos=1), "stop_at_eos 1"),
+        (lambda s: s.generate("import os", max_tokens=4, num_draft="²"), "num_draft '²'"),
+    ],
+)
+def test_the_api_refuses_values_it_would_hang_on_or_misread(call, message):
+    spec = mlxspec.load()
+    start = time.perf_counter()
+    with pytest.raises(UserError) as error:
+        call(spec)
+    assert message in str(error.value)
+    assert time.perf_counter() - start < 60  # max_batch=-1 spun forever
+
+
+# ---- row 9: Unicode digits are not numbers ----
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "１"])
+def test_a_unicode_digit_for_k_is_refused_in_one_line(cli_run, value):
+    assert_one_line(cli_run(*G, "-k", value), f"'{value}'")
+
+
+# ---- row 10: one broken entry in the Hugging Face cache is named and passed over ----
+
+
+def _broken_entries(hub, target_dir):
+    from test_discovery import snapshot
+    from tiny import make_tiny, save_tiny_model_dir
+    from tiny_eagle3 import save_speculators_eagle3
+
+    target = make_tiny("llama", seed=1, num_hidden_layers=8)
+    dflash = save_zlab_dflash(snapshot(hub, "bad/dflash-str"), target, taps=[1, 6])
+    config = json.loads((dflash / "config.json").read_text())
+    (dflash / "config.json").write_text(json.dumps({**config, "hidden_size": "64", "num_target_layers": [8]}))
+    eagle3 = save_speculators_eagle3(snapshot(hub, "bad/eagle3-list"), target, aux=[1, 3, 6])
+    config = json.loads((eagle3 / "config.json").read_text())
+    config["transformer_layer_config"]["hidden_size"] = [64]
+    (eagle3 / "config.json").write_text(json.dumps(config))
+    sidecar = snapshot(hub, "bad/mtp-sidecar")
+    (sidecar / "config.json").write_text(json.dumps({"model_type": "qwen3_5_mtp", "text_config": {"hidden_size": "x"}}))
+    for name, tokenizer in (("bad/added-tokens", {"added_tokens": 5}), ("bad/vocab", {"model": {"vocab": [1, 2]}})):
+        path = save_tiny_model_dir(snapshot(hub, name), "llama", seed=3, num_hidden_layers=1)
+        raw = json.loads((path / "tokenizer.json").read_text())
+        if "model" in tokenizer:
+            raw["model"]["vocab"] = tokenizer["model"]["vocab"]
+        else:
+            raw.update(tokenizer)
+        (path / "tokenizer.json").write_text(json.dumps(raw))
+    ref = hub / "models--bad--ref" / "refs"
+    ref.mkdir(parents=True)
+    (ref / "main").write_bytes(b"\xff\xfe\x00bad")
+    (hub / "models--bad--ref" / "snapshots").mkdir()
+    dangling = hub / "models--bad--dangling" / "snapshots"
+    dangling.mkdir(parents=True)
+    (dangling / "abc").symlink_to(hub / "nowhere")
+    looping = hub / "models--bad--loop" / "snapshots"
+    looping.mkdir(parents=True)
+    (looping / "a").symlink_to(looping / "b")
+    (looping / "b").symlink_to(looping / "a")
+
+
+def test_a_broken_cache_entry_is_passed_over_and_the_rest_still_drafts(tmp_path, monkeypatch, cli_run):
+    from test_discovery import snapshot
+    from tiny import make_tiny, save_tiny_model_dir
+
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    target_dir = save_tiny_model_dir(snapshot(hub, "org/target"), "llama", seed=1, num_hidden_layers=8)
+    save_zlab_dflash(
+        snapshot(hub, "z-lab/target-DFlash-b16"), make_tiny("llama", seed=1, num_hidden_layers=8), taps=[1, 6]
+    )
+    _broken_entries(hub, target_dir)
+    code, out, err = cli_run("drafters", "--model", "org/target", "--all", "--json")
+    assert code == 0, err
+    listed = json.loads(out)
+    assert listed["pick"]["source"] == "z-lab/target-DFlash-b16"
+    sources = {c["source"]: c for c in listed["candidates"]}
+    for name in ("bad/dflash-str", "bad/eagle3-list", "bad/ref", "bad/loop"):
+        assert name in sources and sources[name]["matches"] is False, name
+    assert "unreadable" in sources["bad/ref"]["why"]
+    code, out, err = cli_run("generate", "abcab", "--model", target_dir, "--max-tokens", "8", "--json")
+    assert code == 0 and "Traceback" not in err, err
+    assert json.loads(out)["mode"].startswith("dflash")
+
+
+# ---- row 15: --check-exact compares with plain decoding, whatever the drafting flags ----
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--tree-topk", "3", "--tree-nodes", "9"),
+        ("--medusa", "embedded", "--tree-topk", "2"),
+        ("--lookup", "--lookup-candidates", "3"),
+    ],
+    ids=["draft-tree", "medusa-tree", "lookup-candidates"],
+)
+def test_check_exact_runs_with_every_drafting_flag_it_runs_without(cli_run, flags):
+    code, out, err = cli_run(*G, *flags, "--check-exact")
+    assert code == 0, err
+    assert "greedy speculative output equals plain decoding bit for bit" in err

@@ -470,5 +470,6 @@ def test_a_signal_ends_open_streams_with_an_error_event_and_exits_zero(tmp_path,
             process.kill()
     last = json.loads(events[-1].removeprefix(b"data: "))
     assert "shutting down" in last["error"]["message"], events[-3:]
+    assert last["error"]["code"] == "shutting_down"  # not queue_full: nothing was full
     log = log_path.read_text()
     assert "Traceback" not in log and "Exception in ASGI" not in log, log
