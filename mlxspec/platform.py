@@ -17,7 +17,7 @@ GB = 10**9
 # OpenBLAS workers otherwise spin for about 2^28 cycles after each call, competing on a small CPU with the thread
 # that dispatches MLX's ops; waiting 2^4 cycles made every mode 10-30% faster here (docs/benchmarks.md).
 OPENBLAS_THREAD_TIMEOUT = "4"
-REEXEC_COMMANDS = ("generate", "bench", "train-medusa", "train-heads", "serve", "chat")
+REEXEC_COMMANDS = ("generate", "bench", "train-medusa", "train-heads", "serve", "chat", "tune")
 
 
 def models_dir() -> Path:

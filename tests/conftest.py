@@ -1,10 +1,53 @@
 import io
+import json
+import shutil
 import sys
 
 import pytest
 from tiny import save_tiny_model_dir
 
 from mlxspec.cli.main import main
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory):
+    """What this test session measured once (cost curves, corpus tables), never the user's ~/.cache/mlxspec."""
+    return tmp_path_factory.mktemp("mlxspec-session-cache")
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path_factory, session_cache, monkeypatch):
+    """Every test gets a fresh mlxspec cache and an empty Hugging Face cache: nothing the user has measured, tuned or
+    downloaded can change a test. The cache starts with what earlier tests of this session measured (cost curves,
+    corpus tables; never tune records), so each curve is measured once per session, and gets what this test
+    measured afterwards. A test that wants another cache sets MLXSPEC_CACHE itself."""
+    cache = tmp_path_factory.mktemp("mlxspec-cache")
+    for item in session_cache.iterdir():
+        if item.is_file():
+            shutil.copy2(item, cache / item.name)
+    monkeypatch.setenv("MLXSPEC_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(session_cache.parent / "empty-hf-hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield cache
+    keep_measurements(cache, session_cache)
+
+
+def keep_measurements(cache, session_cache) -> None:
+    """Cost curves and corpus tables a test measured, merged into the session's (tune records stay behind)."""
+    for item in cache.iterdir() if cache.is_dir() else []:
+        if not item.is_file() or item.suffix == ".tmp":
+            continue
+        kept = session_cache / item.name
+        if item.name == "cost_curves.json":
+            try:
+                merged = {**json.loads(kept.read_text()), **json.loads(item.read_text())} if kept.exists() else None
+            except (OSError, ValueError):
+                merged = None
+            if merged is not None:
+                kept.write_text(json.dumps(merged))
+                continue
+        if not kept.exists() or item.name == "cost_curves.json":
+            shutil.copy2(item, kept)
 
 
 @pytest.fixture(scope="session")

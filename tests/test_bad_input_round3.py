@@ -246,3 +246,125 @@ def test_check_exact_runs_with_every_drafting_flag_it_runs_without(cli_run, flag
     code, out, err = cli_run(*G, *flags, "--check-exact")
     assert code == 0, err
     assert "greedy speculative output equals plain decoding bit for bit" in err
+
+
+# ---- rows 11 and 12: a bad tune record is ignored with one line; concurrent tunes each write a whole record ----
+
+
+def _stored_tune(cli_run, tmp_path):
+    """A tune record for the embedded target, as `mlxspec tune` writes it, and its file."""
+    from mlxspec.bench.tune import Regime, Setting, file_identity, save_tune
+    from mlxspec.cli.tune import tune_key_for
+    from mlxspec.loading import DEFAULT_DRAFT
+
+    key = tune_key_for(None, "auto")
+    regime = Regime(Setting("draft", str(DEFAULT_DRAFT), 3), 100.0, 150.0)
+    return key, save_tune(key, {"greedy": regime}, {str(DEFAULT_DRAFT): file_identity(DEFAULT_DRAFT)})
+
+
+BAD_RECORDS = [
+    lambda r: r["regimes"]["greedy"].update(choice="draft"),
+    lambda r: r["regimes"].update(greedy=[1, 2]),
+    lambda r: r["regimes"]["greedy"]["choice"].update(drafter="warp-drive"),
+    lambda r: r.update(drafters=[1]),
+    lambda r: r.update(drafters=None),
+    lambda r: r["regimes"]["greedy"]["choice"].update(source=5),
+    lambda r: r["regimes"]["greedy"].update(plain_tokens_per_second="fast"),
+    lambda r: r["regimes"]["greedy"]["choice"].update(num_draft=999),
+    lambda r: r["regimes"]["greedy"]["choice"].update(tree_topk=0),
+    lambda r: r["regimes"].update(lukewarm=r["regimes"]["greedy"]),
+    lambda r: r["regimes"]["greedy"].update(extra=1),
+]
+
+
+def _damage(path, damage: int) -> None:
+    if damage < len(BAD_RECORDS):
+        record = json.loads(path.read_text())
+        BAD_RECORDS[damage](record)
+        path.write_text(json.dumps(record))
+    else:
+        path.write_text("[" * 100_000 + "]" * 100_000)  # nested too deeply to parse
+
+
+@pytest.mark.parametrize("damage", range(len(BAD_RECORDS) + 1))
+def test_a_bad_tune_record_is_refused_by_name_when_read(cli_run, tmp_path, monkeypatch, damage):
+    from mlxspec.bench.tune import BadTuneRecord, load_tune
+
+    key, path = _stored_tune(cli_run, tmp_path)
+    assert load_tune(key) is not None
+    _damage(path, damage)
+    with pytest.raises(BadTuneRecord) as error:
+        load_tune(key)
+    assert str(path) in str(error.value) and "--no-tune" in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("damage", [0, 5, 7, len(BAD_RECORDS)], ids=["choice-str", "source-5", "k-999", "deep"])
+def test_generate_ignores_a_bad_tune_record_with_one_line_naming_it(cli_run, tmp_path, monkeypatch, damage):
+    _, path = _stored_tune(cli_run, tmp_path)
+    _damage(path, damage)
+    code, out, err = cli_run(*G, "--json")
+    assert code == 0 and "Traceback" not in err, err
+    notes = [line for line in err.splitlines() if "tune record" in line]
+    assert len(notes) == 1 and str(path) in notes[0] and "--no-tune" in notes[0], err
+    assert "num_draft" not in err.replace(notes[0], "")  # no refusal of an option the user never passed
+
+
+def test_two_tunes_finishing_together_each_write_a_whole_record(tmp_path, monkeypatch):
+    import threading
+
+    from mlxspec.bench.tune import Regime, Setting, load_tune, save_tune
+
+    key = {"machine": "m", "model": "x", "model_path": "/x", "mlx": "0", "kernel": "cpu"}
+    errors = []
+
+    def writer(rate: float) -> None:
+        try:
+            for _ in range(40):
+                save_tune(key, {"greedy": Regime(Setting("plain"), rate, rate)}, {})
+        except Exception as error:  # the loser used to fail on the shared .tmp name
+            errors.append(error)
+
+    threads = [threading.Thread(target=writer, args=(rate,)) for rate in (10.0, 20.0)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert load_tune(key)["regimes"]["greedy"]["plain_tokens_per_second"] in (10.0, 20.0)
+    from mlxspec.platform import cache_dir
+
+    assert not list((cache_dir() / "tune").glob("*.tmp"))
+
+
+def test_a_setting_that_kept_one_token_per_call_is_never_stored_as_a_win():
+    from mlxspec.bench.runner import OWN_PLAIN, ModeResult
+    from mlxspec.bench.tune import Setting, choose
+
+    settings = {s.name: s for s in (Setting("plain"), Setting("eagle", "e", "auto"))}
+    eagle = Setting("eagle", "e", "auto").name
+    rows = [
+        ModeResult(OWN_PLAIN, 10.0, 10.0, 10.0, 0, 1.0, 1.0, 0),
+        ModeResult(eagle, 31.0, 31.0, 31.0, 0, 1.0, 1.0, 0),
+    ]
+    assert choose(rows, settings).choice.drafter == "plain"  # tau 1: it decoded plainly; 3.1x was noise
+
+
+# ---- row 14: a memory budget past any machine, or empty, is refused by name ----
+
+
+@pytest.mark.parametrize(
+    "budget, message", [("99999999999999999999GB", "more than any machine holds"), ("", "memory size ''")]
+)
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_memory_budget_past_any_machine_or_empty_is_one_line(cli_run, budget, message, command):
+    args = (*G, "--memory-budget", budget) if command == "generate" else ("serve", "--memory-budget", budget)
+    assert_one_line(cli_run(*args), message)
+
+
+# ---- row 18: tune runs under OpenBLAS like generate and serve ----
+
+
+def test_tune_is_re_executed_under_openblas_like_generate():
+    from mlxspec.platform import REEXEC_COMMANDS
+
+    assert {"generate", "serve", "tune", "bench", "chat"} <= set(REEXEC_COMMANDS)

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import platform
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ from mlxspec.results import mode_name
 
 TUNE_MARGIN = 0.03  # plain decoding wins unless a drafter beats it by this much
 DROP_BELOW = 0.90  # a tuned choice later measured below this share of plain's speed is dropped
+MIN_TAU = 1.05  # a drafting setting that kept fewer tokens per target call than this did not draft: never stored
+DRAFTERS = ("plain", "lookup", "draft", "eagle", "eagle3", "mtp", "dflash", "medusa")
 REGIMES = {"greedy": 0.0, "sampled": 0.7}
 CALIBRATION = (
     "import os\nimport sys\n\n\ndef main(argv):\n    ",
@@ -107,7 +110,8 @@ def choose(results: list[ModeResult], settings: dict[str, Setting]) -> Regime:
     rows = [
         {"mode": r.mode, "tokens_per_second": r.tokens_per_second, "tau": r.tokens_per_target_call} for r in results
     ]
-    if best.mode == OWN_PLAIN or best.tokens_per_second < plain * (1 + TUNE_MARGIN):
+    drafted = best.tokens_per_target_call >= MIN_TAU  # tau 1: the setting decoded plainly; its speed is noise
+    if best.mode == OWN_PLAIN or not drafted or best.tokens_per_second < plain * (1 + TUNE_MARGIN):
         return Regime(Setting("plain"), plain, plain, rows)
     return Regime(settings[best.mode], plain, best.tokens_per_second, rows)
 
@@ -183,10 +187,25 @@ def save_tune(key: dict[str, str], regimes: dict[str, Regime], drafters: dict[st
         "drafters": drafters,
         "regimes": {name: regime.to_dict() for name, regime in regimes.items()},
     }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    write_atomically(path, record)
     return path
+
+
+def write_atomically(path: Path, record: dict) -> None:
+    """A temporary file of this writer's own in the same folder, renamed over `path`: two tune runs finishing
+    together each write a whole record, and the last one stands."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(record, out, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class BadTuneRecord(Exception):
+    """A stored tune record that cannot be used (hand-edited, damaged, or from another version): it is ignored."""
 
 
 def any_tune_stored() -> bool:
@@ -196,11 +215,64 @@ def any_tune_stored() -> bool:
 
 
 def load_tune(key: dict[str, str]) -> dict | None:
+    """The stored record for this key; None when there is none. A record that is there but cannot be used raises
+    BadTuneRecord, whose message names the file and how to get past it."""
+    path = tune_file(key)
     try:
-        record = json.loads(tune_file(key).read_text())
-    except (OSError, ValueError):
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    return record if isinstance(record, dict) and isinstance(record.get("regimes"), dict) else None
+    except (OSError, ValueError, RecursionError) as error:
+        raise BadTuneRecord(f"ignoring the tune record '{path}' ({type(error).__name__}); {RETUNE}") from None
+    why = record_problem(record)
+    if why:
+        raise BadTuneRecord(f"ignoring the tune record '{path}' ({why}); {RETUNE}")
+    return record
+
+
+RETUNE = "run `mlxspec tune` again, delete the file, or pass --no-tune"
+
+
+def record_problem(record: Any) -> str:
+    """What makes a tune record unusable ("" when it is sound): every field read later is checked here."""
+    if not isinstance(record, dict) or not isinstance(record.get("regimes"), dict):
+        return "not a record with regimes"
+    drafters = record.get("drafters", {})
+    if not isinstance(drafters, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in drafters.items()
+    ):
+        return "drafters is not a map of paths to fingerprints"
+    for name, raw in record["regimes"].items():
+        if name not in REGIMES:
+            return f"unknown regime {name!r}"
+        try:
+            regime = Regime.from_dict(raw)
+        except (TypeError, KeyError):
+            return f"the {name} regime is malformed"
+        why = regime_problem(regime)
+        if why:
+            return f"the {name} regime: {why}"
+    return ""
+
+
+def regime_problem(regime: Regime) -> str:
+    choice = regime.choice
+    if choice.drafter not in DRAFTERS:
+        return f"unknown drafter {choice.drafter!r}"
+    if choice.source is not None and not isinstance(choice.source, str):
+        return f"source {choice.source!r} is not a path"
+    if not (choice.num_draft == "auto" or (type(choice.num_draft) is int and 1 <= choice.num_draft <= 64)):
+        return f"num_draft {choice.num_draft!r} is not 1-64 or auto"
+    if type(choice.tree_topk) is not int or not 1 <= choice.tree_topk <= 64:
+        return f"tree_topk {choice.tree_topk!r} is not 1-64"
+    if type(choice.tree_nodes) is not int or not 0 <= choice.tree_nodes <= 4096:
+        return f"tree_nodes {choice.tree_nodes!r} is not 0-4096"
+    for speed in (regime.plain_tokens_per_second, regime.choice_tokens_per_second):
+        if type(speed) not in (int, float) or not 0 < speed < float("inf"):
+            return f"a speed of {speed!r} is not a number of tokens per second"
+    if not isinstance(regime.dropped, str) or not isinstance(regime.rows, list):
+        return "dropped or rows is malformed"
+    return ""
 
 
 def tuned_regime(record: dict, temperature: float) -> tuple[str, Regime | None, str]:
@@ -221,7 +293,10 @@ def tuned_regime(record: dict, temperature: float) -> tuple[str, Regime | None, 
 def drop_if_slower(key: dict[str, str], regime_name: str, tokens: int, tokens_per_second: float) -> str:
     """After a run with the tuned choice: drop it if it ran below DROP_BELOW of plain's measured speed over at least
     64 tokens. Returns the note to print ("" when it holds)."""
-    record = load_tune(key)
+    try:
+        record = load_tune(key)
+    except BadTuneRecord:  # already said when the run started
+        return ""
     if record is None or tokens < 64 or regime_name not in record["regimes"]:
         return ""
     regime = Regime.from_dict(record["regimes"][regime_name])
@@ -231,5 +306,5 @@ def drop_if_slower(key: dict[str, str], regime_name: str, tokens: int, tokens_pe
         f"{tokens_per_second:.1f} tok/s on {tokens} tokens, below plain's {regime.plain_tokens_per_second:.1f}"
     )
     record["regimes"][regime_name] = regime.to_dict()
-    tune_file(key).write_text(json.dumps(record, indent=1))
+    write_atomically(tune_file(key), record)
     return f"the tuned {regime.choice.name} ran slower than plain decoding; dropped it ({regime.dropped})"

@@ -40,6 +40,10 @@ def check_contradictions(p: dict) -> None:
         raise UserError(f"--mtp-bits {p['mtp_bits']} quantizes an MTP head, and this run has none; pass --mtp too")
     if p["draft_bits"] and (p["no_draft"] or heads):
         raise UserError(f"--draft-bits {p['draft_bits']} quantizes a draft model, and this run has none")
+    if p["memory_budget"] is not None:  # an empty value is refused by name, not ignored
+        from mlxspec.plan.devices import parse_size
+
+        parse_size(p["memory_budget"])
     if p.get("distributed") and p["memory_budget"]:
         raise UserError(
             f"--memory-budget plans one machine; for --distributed {p['distributed']} plan each rank with "

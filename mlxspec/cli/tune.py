@@ -100,10 +100,14 @@ def build_speculators(target, sources: list[tuple[str, str]]) -> tuple[dict, lis
 @click.option("--json", "as_json", is_flag=True, help="Print the stored record as one JSON object.")
 def tune(model, draft, eagle, dflash, medusa, prompts, max_tokens, kernel, as_json) -> None:
     """Measure every drafter this target has, greedy and sampled, and store the fastest for generate/serve/chat."""
+    import warnings
+
+    from mlxspec.api import SlowBLASWarning
     from mlxspec.bench.exactness import probe
     from mlxspec.bench.tune import REGIMES, file_identity, measure, save_tune
     from mlxspec.loading import DEFAULT_TARGET, load_model
 
+    warnings.simplefilter("ignore", SlowBLASWarning)  # said once below, in one line, after the model loads
     key = tune_key_for(model, kernel)
     target = load_model(model or DEFAULT_TARGET)
     sources = drafter_sources(model, target, {"draft": draft, "eagle": eagle, "dflash": dflash, "medusa": medusa})
@@ -112,6 +116,10 @@ def tune(model, draft, eagle, dflash, medusa, prompts, max_tokens, kernel, as_js
         speculator.options = speculator.options.updated(kernel=kernel)
     ids = [target.tokenizer.encode(p) for p in read_prompts(prompts)]
     say = lambda line: click.echo(f"mlxspec tune: {line}", err=True)  # noqa: E731
+    from mlxspec.platform import fast_blas_hint
+
+    if fast_blas_hint():
+        click.echo(fast_blas_hint(), err=True)
     say(f"{len(settings)} settings x {len(ids)} prompts x {max_tokens} tokens, greedy and sampled")
     regimes = {}
     for name, temperature in REGIMES.items():
@@ -140,7 +148,7 @@ def tune(model, draft, eagle, dflash, medusa, prompts, max_tokens, kernel, as_js
 def apply_tuned(p: dict, options: Any, drafters_named: bool) -> tuple[dict, Any, dict | None, str]:
     """A stored tune applied to a run that names no drafter, length or tree: (p, options, where it came from, the
     line to print). Anything the user set by hand wins, and so does --no-tune."""
-    from mlxspec.bench.tune import any_tune_stored, load_tune, tuned_regime
+    from mlxspec.bench.tune import BadTuneRecord, any_tune_stored, load_tune, tuned_regime
     from mlxspec.cli.options import MTP_IN_MODEL
 
     hand_set = (
@@ -157,7 +165,10 @@ def apply_tuned(p: dict, options: Any, drafters_named: bool) -> tuple[dict, Any,
         key = tune_key_for(p["model"], options.kernel)
     except (UserError, OSError):  # a model that cannot be read: loading it names the problem
         return p, options, None, ""
-    record = load_tune(key)
+    try:
+        record = load_tune(key)
+    except BadTuneRecord as bad:
+        return p, options, None, str(bad)
     if record is None:
         return p, options, None, ""
     regime_name, regime, why_not = tuned_regime(record, options.temperature)

@@ -45,6 +45,9 @@ PRESETS: dict[str, Device] = {
 }
 
 
+MAX_MEMORY = 2**50  # 1 PiB: past it a size is a typo, and MLX's memory limit (a C int64) cannot take 10^29
+
+
 def parse_size(text: str) -> int:
     """'16GB', '10.7GiB', '512MB', '8g' -> bytes. Decimal units are powers of 10, 'i' units powers of 2."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)b?\s*", str(text).lower())
@@ -52,9 +55,12 @@ def parse_size(text: str) -> int:
         raise UserError(f"memory size '{text}' is not understood; write it like 16GB, 10.7GiB or 512MB")
     value, unit, binary = match.groups()
     power = "kmgt".find(unit) + 1 if unit else 0
-    size = int(float(value) * (1024 if binary else 1000) ** power)
+    scaled = float(value) * (1024 if binary else 1000) ** power  # inf for 400 digits: refused below, not int()ed
+    size = int(scaled) if scaled <= MAX_MEMORY else MAX_MEMORY + 1
     if size <= 0:
         raise UserError(f"memory size '{text}' is zero; give a budget like 8GB")
+    if size > MAX_MEMORY:
+        raise UserError(f"memory size '{text}' is more than any machine holds (over 1 PiB); give a budget like 8GB")
     return size
 
 
