@@ -98,7 +98,12 @@ def build_speculators(target, sources: list[tuple[str, str]]) -> tuple[dict, lis
 @click.option("--max-tokens", default=48, show_default=True, type=click.IntRange(8, 1024), help="Per prompt.")
 @click.option("--kernel", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the stored record as one JSON object.")
-def tune(model, draft, eagle, dflash, medusa, prompts, max_tokens, kernel, as_json) -> None:
+@click.option(
+    "--remeasure",
+    is_flag=True,
+    help="Measure this device's cost curves again (what -k auto decides from), e.g. after a busy first run.",
+)
+def tune(model, draft, eagle, dflash, medusa, prompts, max_tokens, kernel, as_json, remeasure) -> None:
     """Measure every drafter this target has, greedy and sampled, and store the fastest for generate/serve/chat."""
     import warnings
 
@@ -108,6 +113,13 @@ def tune(model, draft, eagle, dflash, medusa, prompts, max_tokens, kernel, as_js
     from mlxspec.loading import DEFAULT_TARGET, load_model
 
     warnings.simplefilter("ignore", SlowBLASWarning)  # said once below, in one line, after the model loads
+    if remeasure:
+        from mlxspec.decoding.costs import forget_curves
+
+        if forget_curves():
+            click.echo(
+                "mlxspec tune: stored cost curves dropped; each is measured again where it is next used", err=True
+            )
     key = tune_key_for(model, kernel)
     target = load_model(model or DEFAULT_TARGET)
     sources = drafter_sources(model, target, {"draft": draft, "eagle": eagle, "dflash": dflash, "medusa": medusa})

@@ -11,7 +11,7 @@ import json
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -35,6 +35,8 @@ class CostCurve:
     context: int
     blas: str
     draft_block: float = 0.0  # one forward of a block drafter (DFlash), whatever k: paid once per drafting step
+    spread: float = 0.0  # the largest interquartile range over median of any size's timings: how noisy it was
+    attempts: int = 1  # measurements taken of this curve (a noisy one is measured again, up to MAX_ATTEMPTS)
 
     def target_cost(self, n: int) -> float:
         """Interpolated cost of verifying n tokens."""
@@ -70,38 +72,64 @@ def best_draft_length(curve: CostCurve, alpha: float, max_k: int, rows: int = 1)
     return max(range(max_k + 1), key=lambda k: expected_speedup(curve, alpha, k, rows))
 
 
-def _time_forward(model: nn.Module, n: int, context: int, repeats: int) -> float:
+def _forward_timer(model: nn.Module, context: int):
+    """A function timing one forward over n new tokens after `context` tokens, then undoing it (the cache is
+    trimmed, recurrent state restored), so calls for any sizes can interleave on one cache."""
     cache = make_prompt_cache(model)
     model(mx.zeros((1, context), mx.int32), cache=cache)
     mx.eval([c.state for c in cache])
-    times, recurrent = [], recurrent_leaves(cache)
-    for _ in range(repeats + 1):
+    recurrent = recurrent_leaves(cache)
+
+    def timed(n: int) -> float:
         before = snapshot(recurrent)
         start = time.perf_counter()
         mx.eval(model(mx.zeros((1, n), mx.int32), cache=cache))
-        times.append(time.perf_counter() - start)
+        seconds = time.perf_counter() - start
         restore(recurrent, before)
         for c in leaf_caches(cache):
             if not is_recurrent(c):
                 c.trim(n)
-    return statistics.median(times[1:])  # the first run warms kernels up
+        return seconds
+
+    return timed
+
+
+def _spread(times: list[float]) -> float:
+    """Interquartile range over median: 0 for a quiet machine, 0.3 and more for a busy one."""
+    quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return (quartiles[2] - quartiles[0]) / max(quartiles[1], 1e-12)
 
 
 def measure_curve(
     target: nn.Module, draft: nn.Module | None, sizes=(1, 2, 4, 8, 16, 32), context: int = 256, repeats: int = 7
 ) -> CostCurve:
+    """The median of `repeats` timings per size, taken in interleaved rounds (every size, and the draft's one
+    token, once per round), so a burst of load falls on all sizes alike rather than on whichever ran then."""
     from mlxspec.progress import Progress
 
-    progress = Progress("measuring this device's verification cost once", len(sizes) + (draft is not None))
-    costs, most = {}, 0.0
-    for i, n in enumerate(sorted(sizes)):
-        progress.update(i)
-        # Verifying more tokens never costs less: a noisy small size must not make a longer draft look free.
-        most = costs[n] = max(most, _time_forward(target, n, context, repeats))
-    progress.update(len(sizes))
-    draft_one = _time_forward(draft, 1, context, repeats) if draft is not None else 0.0
+    sizes = sorted(sizes)
+    progress = Progress("measuring this device's verification cost", repeats + 1)
+    target_timer = _forward_timer(target, context)
+    draft_timer = _forward_timer(draft, context) if draft is not None else None
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    draft_times: list[float] = []
+    for round_ in range(repeats + 1):  # the first round warms kernels up and is not counted
+        progress.update(round_)
+        for n in sizes:
+            seconds = target_timer(n)
+            if round_:
+                times[n].append(seconds)
+        if draft_timer is not None:
+            seconds = draft_timer(1)
+            if round_:
+                draft_times.append(seconds)
     progress.close()
-    return CostCurve(costs, draft_one, context, blas_in_use())
+    costs, most = {}, 0.0
+    for n in sizes:  # verifying more tokens never costs less: a noisy small size must not make a longer draft free
+        most = costs[n] = max(most, statistics.median(times[n]))
+    spread = max([_spread(times[n]) for n in sizes] + ([_spread(draft_times)] if draft_times else []))
+    draft_one = statistics.median(draft_times) if draft_times else 0.0
+    return CostCurve(costs, draft_one, context, blas_in_use(), spread=round(spread, 4))
 
 
 def _key(kernel: str, *model_paths: Path | None) -> str:
@@ -121,6 +149,10 @@ def _key(kernel: str, *model_paths: Path | None) -> str:
     return "|".join(parts)
 
 
+SPREAD_LIMIT = 0.25  # a stored curve noisier than this (interquartile range over median) is measured again
+MAX_ATTEMPTS = 3  # ... at most this many times in all, keeping the quietest measurement
+
+
 def cached_curve(
     target: nn.Module,
     draft: nn.Module | None,
@@ -132,18 +164,24 @@ def cached_curve(
 ) -> CostCurve:
     """The cost curve for this device, BLAS, kernel and model pair, measured once and then read from the cache.
 
-    A stored curve that lacks one of the requested sizes is measured again rather than extrapolated."""
+    A stored curve that lacks one of the requested sizes is measured again rather than extrapolated, and so is one
+    measured on a busy machine (spread over SPREAD_LIMIT), up to MAX_ATTEMPTS times, keeping the quietest: one
+    noisy measurement never decides for good. `refresh` (tune --remeasure) measures again whatever is stored."""
     key = _key(kernel, target_path, draft_path)
     try:
         stored = json.loads((cache_dir() / CURVES_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+        stored = stored if isinstance(stored, dict) else {}
+    except (OSError, ValueError, RecursionError):
         stored = {}
-    entry = stored.get(key)
-    if entry is not None and not refresh and {str(n) for n in kwargs.get("sizes", ())} <= set(entry["target"]):
-        return CostCurve(
-            {int(n): t for n, t in entry["target"].items()}, entry["draft_one"], entry["context"], entry["blas"]
-        )
+    kept = _stored_curve(stored.get(key))
+    complete = kept is not None and {int(n) for n in kwargs.get("sizes", ())} <= set(kept.target)
+    noisy = kept is not None and kept.spread > SPREAD_LIMIT and kept.attempts < MAX_ATTEMPTS
+    if complete and not refresh and not noisy:
+        return kept
     curve = measure_curve(target, draft, **kwargs)
+    if complete and noisy and not refresh:
+        curve = curve if curve.spread <= kept.spread else kept  # the quietest of the attempts
+        curve = replace(curve, attempts=kept.attempts + 1)
     stored[key] = asdict(curve)
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)
@@ -151,6 +189,45 @@ def cached_curve(
     except OSError:
         pass  # a read-only home only costs a re-measurement next time
     return curve
+
+
+def _stored_curve(entry) -> CostCurve | None:
+    """A stored curve, or None where the entry is missing or not one (a hand-edited or older file)."""
+    try:
+        curve = CostCurve(
+            {int(n): float(t) for n, t in entry["target"].items()},
+            float(entry["draft_one"]),
+            int(entry["context"]),
+            str(entry["blas"]),
+            spread=float(entry.get("spread", 0.0)),
+            attempts=int(entry.get("attempts", 1)),
+        )
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return None
+    return curve if curve.target and all(t > 0 for t in curve.target.values()) else None
+
+
+def forget_curves() -> bool:
+    """Drop every stored cost curve (`tune --remeasure`): each is measured again where it is next used."""
+    try:
+        (cache_dir() / CURVES_FILE).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def why_drafting_cannot_pay(curve: CostCurve, max_k: int) -> str:
+    """The note for a run the curve keeps plain, naming the part that costs too much (the draft, or verifying)."""
+    one = curve.target_cost(1)
+    draft = curve.draft_one + curve.draft_block
+    if draft >= 0.5 * one:
+        part = f"one draft forward takes {1e3 * draft:.1f} ms against the target's {1e3 * one:.1f} ms"
+    else:
+        part = f"verifying {max_k + 1} tokens costs {curve.target_cost(max_k + 1) / one:.1f}x one"
+    return (
+        f"drafting cannot pay on this device by its measured costs ({part}); decoding plainly. "
+        "If the machine was busy when they were measured, `mlxspec tune --remeasure` measures them again"
+    )
 
 
 PROBE_EVERY = 8  # a paused controller drafts every this many steps (a drafting one decodes plainly), at first
@@ -277,28 +354,3 @@ def verify_cost_line(target: LoadedModel, draft: LoadedModel | None, max_tokens:
     curve = model_curve(target, draft, sizes, kernel=kernel)
     costs = ", ".join(f"v({n})={curve.target_cost(n) / curve.target_cost(1):.2f}" for n in sizes[1:])
     return f"# one target token {1e3 * curve.target_cost(1):.2f} ms; verifying n tokens costs {costs}"
-
-
-def verify_curve_report(
-    target: LoadedModel, draft: LoadedModel | None, max_tokens: int = 32, kernel: str = "auto"
-) -> str:
-    """Cost of one target forward over 1, 2, 4, ... tokens on this device, and the draft length it implies."""
-    from mlxspec.kernels import verify as verify_kernel
-
-    sizes = tuple(n for n in (1, 2, 4, 8, 16, 32, 64) if n <= max_tokens)
-    curve = model_curve(target, draft, sizes, refresh=True, kernel=kernel)
-    base = curve.target[1]
-    backend, status = verify_kernel.resolve(kernel)
-    kernel_text = f"verify kernel: {backend.name}" if backend is not None else f"verify kernel {status}"
-    lines = [
-        f"verification cost at context {curve.context} ({curve.blas} BLAS, {kernel_text}), median of 7:",
-        f"{'tokens':>8s} {'ms':>9s} {'x one token':>12s}",
-    ]
-    lines += [f"{n:8d} {t * 1e3:9.2f} {t / base:12.2f}" for n, t in sorted(curve.target.items())]
-    if draft is not None:
-        lines.append(f"draft, one token: {curve.draft_one * 1e3:.2f} ms ({curve.draft_one / base:.2f} x target)")
-        lines.append("best draft length (Leviathan's expected speedup) by acceptance rate:")
-        for alpha in (0.3, 0.5, 0.7, 0.9):
-            k = best_draft_length(curve, alpha, max(1, max(sizes) - 1))
-            lines.append(f"  alpha {alpha:.1f}: k={k}, expected speedup {expected_speedup(curve, alpha, k):.2f}x")
-    return "\n".join(lines)

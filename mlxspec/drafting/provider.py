@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxspec.cache.rollback import cannot_roll_back, rollback_blocker
-from mlxspec.decoding.costs import DraftLengthController, model_curve
+from mlxspec.decoding.costs import DraftLengthController, model_curve, why_drafting_cannot_pay
 from mlxspec.decoding.draft import Drafter
 from mlxspec.drafting.cross_tokenizer.bridge import VocabBridge
 from mlxspec.drafting.cross_tokenizer.drafter import CrossTokenizerDrafter
@@ -27,8 +27,6 @@ from mlxspec.options import DecodeOptions
 
 # Drafters whose draft length the controller may set; trees and the rest draft what their options say.
 ADAPTIVE = (DraftModelDrafter, CrossTokenizerDrafter, PromptLookupDrafter, FeatureDrafter, DFlashDrafter)
-
-TOO_COSTLY = "verification costs too much on this device for drafting to pay; decoding plainly"
 
 
 @dataclass
@@ -106,7 +104,7 @@ class DrafterProvider:
             block_seconds=self.block_seconds(drafter, target, options) if is_block else 0.0,
         )
         if not controller.can_win:
-            return RunDrafting(None, None, TOO_COSTLY)
+            return RunDrafting(None, None, why_drafting_cannot_pay(controller.curve, options.depth))
         if isinstance(drafter, PromptLookupDrafter):
             controller = None  # lookup drafts what matches, up to k; the curve only decides whether to draft
         return RunDrafting(drafter, controller)
