@@ -368,3 +368,40 @@ def test_tune_is_re_executed_under_openblas_like_generate():
     from mlxspec.platform import REEXEC_COMMANDS
 
     assert {"generate", "serve", "tune", "bench", "chat"} <= set(REEXEC_COMMANDS)
+
+
+# ---- rough edges a new user met ----
+
+
+def test_plan_says_its_dtype_and_exits_one_when_it_does_not_fit(cli_run):
+    code, out, err = cli_run("plan", "--model", "qwen3-8b", "--memory", "8GB")
+    assert code == 1 and "DOES NOT FIT" in out and "computed in float32 on the CPU" in out
+    code, out, err = cli_run("plan", "--model", "qwen3-8b", "--device", "m2-16gb")
+    assert "computed in bfloat16 on the GPU" in out
+
+
+def test_the_bench_plot_draws_every_family_measured_at_several_k(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mlxspec.bench.plot import plot
+    from mlxspec.bench.runner import ModeResult
+
+    names = ["mlx-lm plain", "mlxspec draft k=2", "mlxspec draft k=4", "mlxspec eagle k=2", "mlxspec eagle k=4"]
+    results = [ModeResult(name, 10, 10, 10, 0.5, 2, 0.5, 0, speedup=1.2) for name in names]
+    figures = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    plot({"0.0": results}, str(tmp_path / "p.png"))
+    axis = figures[0].axes[0]
+    assert {line.get_label() for line in axis.get_lines()} >= {"mlxspec draft", "mlxspec eagle"}
+    assert all(float(t).is_integer() for t in axis.get_xticks())
+
+
+def test_the_embedded_drafters_are_listed_and_named_as_an_install_understands(cli_run):
+    code, out, err = cli_run("drafters", "--all")
+    assert code == 0, err
+    assert "0 considered" not in out and out.count("embedded") >= 3
+    code, out, err = cli_run(*G, "--eagle", "embedded", "-k", "2", "--json")
+    assert code == 0 and json.loads(out)["mode"] == "eagle", err

@@ -84,7 +84,12 @@ MODEL_OPTIONS = [
         help="Prompt lookup that also searches earlier outputs (a suffix cache shared across requests: serve, chat); "
         "implies --lookup.",
     ),
-    click.option("--medusa", "medusa_path", default=None, help="Draft with Medusa heads (a train-medusa directory)."),
+    click.option(
+        "--medusa",
+        "medusa_path",
+        default=None,
+        help="Draft with Medusa or Hydra heads (a `train-heads --kind medusa|hydra` directory, or embedded).",
+    ),
     click.option(
         "--eagle",
         "eagle_path",

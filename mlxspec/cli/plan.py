@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -66,7 +67,8 @@ SETTINGS_OPTIONS = [
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--list", "list_presets", is_flag=True, help="List model and device presets.")
 def plan(as_json: bool, list_presets: bool, **p) -> None:
-    """Will the target, its drafter and both KV caches fit the device at this context? Reads metadata only."""
+    """Will the target, its drafter and both KV caches fit the device at this context? Reads metadata only. Exits
+    0 when it fits, 1 when it does not."""
     from mlxspec.plan.devices import PRESETS
     from mlxspec.plan.format import format_plan
     from mlxspec.plan.metadata import preset_names
@@ -78,6 +80,8 @@ def plan(as_json: bool, list_presets: bool, **p) -> None:
         return
     result = make_plan(plan_request(p))
     click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
+    if not result.fits:
+        sys.exit(1)  # a script can test it: 0 fits, 1 does not, 2 bad input
 
 
 def plan_request(p: dict):

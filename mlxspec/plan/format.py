@@ -21,6 +21,8 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"{head} on {where} at context {r['context']} (batch {r['batch']})",
         f"budget {plan.budget_bytes / GiB:.2f} GiB: {r['device_source']}",
+        f"computed in {r['dtype']} on the {r['backend'].upper()}"
+        + (" (MLX's CPU backend computes in float32; --device plans a Mac's GPU)" if r["backend"] == "cpu" else ""),
         "",
     ]
     for item in plan.items:

@@ -273,6 +273,8 @@ def make_plan(req: PlanRequest) -> Plan:
             "medusa_heads": req.medusa_heads,
             "device": req.device.name,
             "device_source": req.device.source,
+            "backend": req.device.backend,
+            "dtype": _compute_dtype(req.device, req.target.config),
             "context": req.context,
             "batch": req.batch,
             "target_bits": req.target_bits,
