@@ -61,12 +61,17 @@ def on_cpu() -> bool:
 
 
 def resolve_model_path(name: str | Path) -> Path:
-    """A local model directory, or a Hugging Face repo id fetched through huggingface-hub."""
+    """A local model directory, a GGUF file (converted once into mlxspec's cache), or a Hugging Face repo id fetched
+    through huggingface-hub."""
     if not isinstance(name, (str, Path)):
         raise UserError(f"model {name!r} is a {type(name).__name__}; pass a model directory or a Hugging Face repo id")
     if not str(name).strip():
         raise UserError("model '' is empty; pass a model directory or a Hugging Face repo id (none: the embedded)")
     path = Path(name).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():  # llama.cpp's format: converted once, then read as mlx-lm
+        from mlxspec.gguf.convert import converted_dir
+
+        return converted_dir(path)
     if path.exists():
         if not path.is_dir():
             raise UserError(f"model path '{name}' is a file; pass the model directory that holds config.json")

@@ -9,10 +9,16 @@ from tiny import save_tiny_model_dir
 from mlxspec.cli.main import main
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
-    """What this test session measured once (cost curves, corpus tables), never the user's ~/.cache/mlxspec."""
-    return tmp_path_factory.mktemp("mlxspec-session-cache")
+    """What this test session measured once (cost curves, corpus tables), never the user's ~/.cache/mlxspec. It is
+    the environment of the whole session too, so servers that module fixtures start read no user cache either."""
+    cache = tmp_path_factory.mktemp("mlxspec-session-cache")
+    with pytest.MonkeyPatch.context() as session:
+        session.setenv("MLXSPEC_CACHE", str(cache))
+        session.setenv("HF_HUB_CACHE", str(cache.parent / "empty-hf-hub"))
+        session.setenv("HF_HUB_OFFLINE", "1")
+        yield cache
 
 
 @pytest.fixture(autouse=True)

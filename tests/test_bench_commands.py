@@ -88,7 +88,7 @@ def test_plan_check_is_within_fifteen_percent_on_the_embedded_pair(tmp_path):
 @pytest.mark.slow
 def test_agent_loop_rows_all_write_plain_decodings_text(tmp_path):
     out = tmp_path / "loop.json"
-    run = bench("agent-loop", "--files", 1, "--rounds", 2, "--max-tokens", 24, "--json", out)
+    run = bench("agent-loop", "--files", 1, "--rounds", 2, "--max-tokens", 24, "-k", 4, "--json", out)
     assert run.returncode == 0, run.stderr
     rows = {row["config"]: row for row in json.loads(out.read_text())["rows"]}
     assert len(rows) == 5 and all(row["exact"] for row in rows.values())

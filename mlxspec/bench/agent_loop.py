@@ -36,6 +36,7 @@ class AgentLoopConfig:
     first_lines: int = 12
     lines_per_turn: int = 3
     max_tokens: int = 96
+    num_draft: int | str = "auto"  # a fixed k drafts whatever this machine's cost curve says
 
 
 def file_openings(count: int, min_lines: int) -> list[list[str]]:
@@ -68,6 +69,7 @@ def run_config(config: AgentLoopConfig, load: Callable, name: str, changes: dict
 
     spec = load(config.model, draft=config.draft) if config.model else load()
     options = DecodeOptions(max_tokens=config.max_tokens, temperature=0.0, stop_at_eos=False, **changes)
+    options = options.updated(num_draft=config.num_draft)
     spec.generate("import os\n", options.updated(max_tokens=8, suffix=False))  # warm-up; kept out of the index
     texts, tokens, seconds, drafted, accepted, calls = [], 0, 0.0, 0, 0, 0
     wall = time.perf_counter()

@@ -99,14 +99,17 @@ def serve(what, model, draft, num_draft, clients, loads, requests, max_tokens, r
 @click.option("--first-lines", type=click.IntRange(1, 10_000), default=12, show_default=True)
 @click.option("--lines-per-turn", type=click.IntRange(1, 1000), default=3, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1, 100_000), default=96, show_default=True)
+@click.option("-k", "--num-draft", default="auto", show_default=True, help="Draft length, or auto.")
 @JSON_OPTION
 def agent_loop(json_out, **p) -> None:
     """Files edited turn after turn, each turn resending the file a few lines longer: no draft, prompt lookup, the
     shared suffix cache and the draft model, each checked to write plain decoding's text."""
     from mlxspec.api import load
     from mlxspec.bench.agent_loop import AgentLoopConfig, run_agent_loop
+    from mlxspec.options import parse_num_draft
 
     check_outputs(json_out)
+    p["num_draft"] = parse_num_draft(p["num_draft"])
     report = run_agent_loop(AgentLoopConfig(**p), load, echo=click.echo)
     write_report(report, json_out, command_line("agent-loop"))
 

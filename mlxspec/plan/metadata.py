@@ -50,6 +50,8 @@ def load_metadata(name: str) -> ModelMetadata:
     if name in preset_names():
         config = read_config(PRESET_DIR / f"{name}.json")
         return ModelMetadata(name, config, None, f"preset config of {config.get('_model_id', name)}")
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _gguf_metadata(path)
     if path.is_file():
         return ModelMetadata(path.parent.name or name, read_config(path), None, f"{path}")
     if path.is_dir():
@@ -71,6 +73,20 @@ def load_metadata(name: str) -> ModelMetadata:
     if "/" in name and not name.startswith((".", "/", "~")):
         return _hub_metadata(name)
     raise UserError(f"model '{name}' is not a preset, a local path or a repo id; presets: {', '.join(preset_names())}")
+
+
+def _gguf_metadata(path: Path) -> ModelMetadata:
+    """A GGUF file's model as mlxspec would load it (converted, in float16), from the header alone: no MLX, no
+    dequantization."""
+    from mlxspec.gguf.architectures import architecture_of, mlx_config
+    from mlxspec.gguf.header import read_header
+
+    header = read_header(path)
+    arch = architecture_of(header)
+    vocab = next((t.shape[0] for t in header.tensors if t.name == "token_embd.weight"), 0)
+    config = mlx_config(header, arch, vocab, [])
+    converted = 2 * sum(t.count for t in header.tensors)  # float16, as the conversion writes it
+    return ModelMetadata(path.stem, config, converted, f"{path} (GGUF header; converted to float16)")
 
 
 def _hub_metadata(repo_id: str) -> ModelMetadata:

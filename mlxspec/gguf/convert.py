@@ -1,0 +1,142 @@
+"""A GGUF file converted once into an mlx-lm model directory under mlxspec's cache, keyed by the file's hash.
+
+The weights are dequantized by the `gguf` package (llama.cpp's own reader) and written in float16 (the CPU backend
+computes in float32 anyway; `--quantize-target 4|8` re-quantizes to MLX's own format at load); llama.cpp's
+per-architecture transforms are undone (architectures.py). The tokenizer is rebuilt from the file's own metadata
+(tokens, scores, types, merges, special ids, chat template) by transformers' GGUF tokenizer builders, which need no
+torch. A finished conversion is marked by its `gguf_source.json`; an interrupted one is started over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mlxspec.errors import UserError
+from mlxspec.gguf.architectures import END_OF_TURN, Architecture, architecture_of, mlx_config, mlx_name, undo_transforms
+from mlxspec.gguf.header import Header, read_header
+from mlxspec.platform import cache_dir
+
+MARKER = "gguf_source.json"  # written last: a directory without it is an interrupted conversion
+TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+TOKENIZER_ARRAYS += ("tokenizer.ggml.merges",)
+
+
+def file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def converted_dir(path: Path, say=None) -> Path:
+    """The mlx-lm directory for the GGUF at `path`, converting it the first time (progress and where it went on
+    stderr, through `say`)."""
+    say = say or (lambda line: print(f"mlxspec: {line}", file=sys.stderr, flush=True))
+    header = read_header(path)  # refuses a damaged file or an unknown architecture before hashing 4 GB
+    architecture_of(header)
+    digest = file_hash(path)
+    out = cache_dir() / "gguf" / f"{path.stem}-{digest[:16]}"
+    if (out / MARKER).is_file():
+        return out
+    start = time.perf_counter()
+    say(f"converting {path.name} ({header.architecture}, {len(header.tensors)} tensors) once, for mlx-lm")
+    work = out.with_name(out.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    write_model(path, work, say)
+    (work / MARKER).write_text(json.dumps({"gguf": str(path), "sha256": digest}, indent=1) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    work.rename(out)
+    say(f"converted {path.name} in {time.perf_counter() - start:.0f} s into {out}; later runs read it from there")
+    return out
+
+
+def write_model(path: Path, out: Path, say) -> None:
+    header = read_header(path, TOKENIZER_ARRAYS)
+    arch = architecture_of(header)
+    tokenizer = write_tokenizer(header, out)
+    vocab = next((t.shape[0] for t in header.tensors if t.name == "token_embd.weight"), len(tokenizer))
+    eos = header.metadata.get("tokenizer.ggml.eos_token_id")
+    ends = [tokenizer.convert_tokens_to_ids(name) for name in END_OF_TURN if name in tokenizer.get_vocab()]
+    eos_ids = sorted({i for i in [eos, *ends] if isinstance(i, int)})
+    config = mlx_config(header, arch, vocab, eos_ids)
+    weights = dequantized(header, arch, config, say)
+    import mlx.core as mx
+
+    mx.save_safetensors(str(out / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()})
+    (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+
+
+def dequantized(header: Header, arch: Architecture, config: dict, say) -> dict[str, np.ndarray]:
+    """Every tensor under its mlx-lm name, dequantized, its llama.cpp transform undone, in float16."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from mlxspec.gguf.header import TYPES
+    from mlxspec.progress import Progress
+
+    data = np.memmap(header.path, dtype=np.uint8, mode="r")
+    progress = Progress("dequantizing", len(header.tensors))
+    weights = {}
+    for i, tensor in enumerate(header.tensors):
+        progress.update(i)
+        name = mlx_name(tensor.name, arch)
+        _, block, size = TYPES[tensor.type_id]
+        start = header.data_start + tensor.offset
+        raw = data[start : start + tensor.nbytes].reshape(*tensor.shape[:-1], tensor.shape[-1] // block * size)
+        try:
+            values = dequantize(raw, GGMLQuantizationType(tensor.type_id)).reshape(tensor.shape)
+        except NotImplementedError:
+            raise UserError(
+                f"'{header.path}': tensor '{tensor.name}' is {tensor.type_name}, which the gguf package cannot "
+                "dequantize; convert a Q8_0, Q4_K_M or F16 file"
+            ) from None
+        weights[name] = undo_transforms(name, values.astype(np.float32), arch, config).astype(np.float16)
+    progress.close()
+    return weights
+
+
+def write_tokenizer(header: Header, out: Path):
+    """The tokenizer the file's metadata describes, saved as tokenizer.json and tokenizer_config.json."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        add_gguf_special_tokens,
+        select_tokenizer_builder,
+        set_split_regex,
+    )
+
+    meta = header.metadata
+    fields = {
+        name: meta[f"tokenizer.{key}"]
+        for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+        if f"tokenizer.{key}" in meta
+    }
+    if not isinstance(fields.get("tokens"), list):
+        raise UserError(f"'{header.path}' carries no tokenizer (tokenizer.ggml.tokens); it cannot be converted alone")
+    try:
+        builder = select_tokenizer_builder(header.architecture, fields.get("tokenizer_type"))
+    except ValueError as error:
+        raise UserError(f"'{header.path}': {error}") from None
+    tokenizer = set_split_regex(add_gguf_special_tokens(builder(fields), fields), fields)
+    tokens = fields["tokens"]
+    for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id")):
+        index = meta.get(f"tokenizer.ggml.{key}")
+        if isinstance(index, int) and 0 <= index < len(tokens):
+            setattr(tokenizer, f"{role}_token", tokens[index])
+    index = meta.get("tokenizer.ggml.padding_token_id")
+    if isinstance(index, int) and 0 <= index < len(tokens):
+        tokenizer.pad_token = tokens[index]
+    tokenizer.add_bos_token = bool(meta.get("tokenizer.ggml.add_bos_token", fields.get("tokenizer_type") == "llama"))
+    tokenizer.add_eos_token = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+    if isinstance(meta.get("tokenizer.chat_template"), str):
+        tokenizer.chat_template = meta["tokenizer.chat_template"]
+    tokenizer.save_pretrained(str(out))
+    return tokenizer
