@@ -149,7 +149,13 @@ class Speculator:
             raise UserError(
                 f"options {options!r} is a {type(options).__name__}; pass a DecodeOptions, or its fields as keywords"
             )
-        return (options or self.options).updated(**changes).validate(self.vocab_size)
+        chosen = (options or self.options).updated(**changes)
+        lookup_is_the_drafter = self.options.lookup and not self.drafting.has_model_drafter
+        if options is not None and lookup_is_the_drafter and chosen.use_draft and "lookup" not in changes:
+            # load() chose prompt lookup as this model's drafter: a call's use_draft=True drafts with it, as the
+            # default options do (use_draft=False decodes plainly)
+            chosen = chosen.updated(lookup=True)
+        return chosen.validate(self.vocab_size)
 
     def events(
         self, prompt: str | list[int], options: DecodeOptions, stats: Stats, rows: Any = None, may_draft: Any = None

@@ -55,6 +55,9 @@ class Setting:
             + (f" k={self.num_draft}" if self.tree_topk == 1 else "")
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     def decode_options(self) -> dict[str, Any]:
         """The DecodeOptions fields this setting sets on a Speculator that holds its drafter."""
         if self.drafter == "plain":

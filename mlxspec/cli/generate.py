@@ -105,8 +105,12 @@ def load_tuned_speculator(p: dict, options: DecodeOptions, prompt_chars: int, ec
     notes = [line] if line else []
     if speculator.cross_tokenizer:  # a draft with another tokenizer: say how it drafts, once
         notes.append(speculator.cross_tokenizer)
-    choice = speculator.drafter_choice if speculator.reports else None
-    if choice is not None and choice["chosen"] is not None:  # nothing fits: lookup, as before, said in --json only
+    if tuned is not None and speculator.drafter_choice is None:  # --json says who chose: the stored tune
+        chosen = {**tuned["choice"], "by": "mlxspec tune"}
+        speculator.drafter_choice = {"line": tuned["line"], "chosen": chosen, "considered": 0, "passed_over": []}
+    choice = speculator.drafter_choice if speculator.reports and tuned is None else None
+    # Nothing fits: lookup, as before, said with -v (and in --json), not on every run.
+    if choice is not None and (choice["chosen"] is not None or p.get("verbose")):
         notes.append(f"{choice['line']}; `mlxspec drafters` lists what was considered")
     return speculator, tuned, notes
 

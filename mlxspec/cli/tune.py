@@ -201,4 +201,4 @@ def apply_tuned(p: dict, options: Any, drafters_named: bool) -> tuple[dict, Any,
         options = options.updated(**{k: v for k, v in choice.decode_options().items() if k != "use_draft"})
     gain = regime.choice_tokens_per_second / regime.plain_tokens_per_second
     line = f"tuned on this machine for {regime_name} decoding: {choice.name} ({gain:.2f}x plain); --no-tune bypasses it"
-    return p, options, {"key": key, "regime": regime_name}, line
+    return p, options, {"key": key, "regime": regime_name, "choice": choice.to_dict(), "line": line}, line

@@ -170,4 +170,6 @@ def cross_tokenizer_bridge(target: LoadedModel, draft: LoadedModel) -> tuple[Any
     if not mismatch:
         return None, ""
     bridge = VocabBridge(target.tokenizer, draft.tokenizer, target.vocab_size, draft.vocab_size)
+    if mismatch.startswith("vocabulary sizes differ"):  # the models' output widths, not the tokenizers' entry counts
+        mismatch = f"vocabulary sizes differ: target {target.vocab_size}, draft {draft.vocab_size}"
     return bridge, f"draft '{draft.path}' has another tokenizer ({mismatch}): {bridge.describe()}"

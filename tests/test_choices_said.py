@@ -1,0 +1,58 @@
+"""What chose the drafter is kept and said (issue 37's defects): a model loaded with prompt lookup as its drafter
+keeps it when a call passes its own DecodeOptions; -v names --draft auto's choice and why; --json names a stored
+tune as what chose; a cross-tokenizer note gives the models' vocabulary widths."""
+
+from __future__ import annotations
+
+import json
+
+import mlxspec
+from mlxspec import DecodeOptions
+from mlxspec.loading import DEFAULT_TARGET
+
+PROMPT = "import os\nimport sys\nimport os\nimport sys\nimport"
+
+
+def test_a_call_with_its_own_options_keeps_the_loads_lookup_drafter():
+    spec = mlxspec.load(str(DEFAULT_TARGET), draft="auto")  # a model of "the user's own": no drafter fits it
+    assert spec.options.lookup
+    drafted = spec.generate(PROMPT, DecodeOptions(max_tokens=16, num_draft=4))
+    assert drafted.stats.mode.startswith("lookup") and drafted.stats.accepted > 0
+    plain = spec.generate(PROMPT, DecodeOptions(max_tokens=16, use_draft=False))
+    assert plain.stats.mode == "plain" and plain.tokens == drafted.tokens
+
+
+def test_verbose_names_the_draft_auto_choice_and_why(cli_run):
+    code, out, err = cli_run("generate", PROMPT, "--model", DEFAULT_TARGET, "--max-tokens", "8", "-v")
+    assert code == 0, err
+    assert "--draft auto: no cached drafter fits this target" in err and "prompt lookup drafts" in err
+    code, out, err = cli_run("generate", PROMPT, "--model", DEFAULT_TARGET, "--max-tokens", "8")
+    assert "--draft auto" not in err  # without -v nothing changes
+
+
+def test_json_names_a_stored_tune_as_what_chose_the_drafter(cli_run):
+    from mlxspec.bench.tune import Regime, Setting, save_tune
+    from mlxspec.cli.tune import tune_key_for
+
+    save_tune(tune_key_for(None, "auto"), {"greedy": Regime(Setting("lookup", None, "auto"), 100.0, 130.0)}, {})
+    code, out, err = cli_run("generate", PROMPT, "--max-tokens", "8", "--json")
+    assert code == 0, err
+    choice = json.loads(out)["drafter_choice"]
+    assert choice["chosen"]["by"] == "mlxspec tune" and choice["chosen"]["drafter"] == "lookup"
+    assert "tuned on this machine" in choice["line"]
+
+
+def test_the_cross_tokenizer_note_gives_the_models_vocabulary_widths():
+    import tempfile
+    from pathlib import Path
+
+    from tiny import save_tiny_model_dir
+
+    from mlxspec.drafting.cross_tokenizer.bridge import cross_tokenizer_bridge
+    from mlxspec.loading import load_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = load_model(save_tiny_model_dir(Path(tmp) / "t", seed=0, vocab_size=40))
+        draft = load_model(save_tiny_model_dir(Path(tmp) / "d", seed=1, tokenizer_chars="abc"))
+        _, note = cross_tokenizer_bridge(target, draft)
+    assert f"(vocabulary sizes differ: target {target.vocab_size}, draft {draft.vocab_size})" in note
