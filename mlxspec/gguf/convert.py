@@ -136,7 +136,9 @@ def write_tokenizer(header: Header, out: Path):
         tokenizer.pad_token = tokens[index]
     tokenizer.add_bos_token = bool(meta.get("tokenizer.ggml.add_bos_token", fields.get("tokenizer_type") == "llama"))
     tokenizer.add_eos_token = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    if isinstance(meta.get("tokenizer.chat_template"), str):
-        tokenizer.chat_template = meta["tokenizer.chat_template"]
+    template = meta.get("tokenizer.chat_template")
+    template = template if isinstance(template, str) else architecture_of(header).chat_template
+    if template:
+        tokenizer.chat_template = template
     tokenizer.save_pretrained(str(out))
     return tokenizer
