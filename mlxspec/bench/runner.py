@@ -297,6 +297,8 @@ def build_modes(
         longest = max(lookup_ks)
         for k in lookup_ks:
             modes[f"mlxspec lookup k={k}"] = mlxspec_mode(speculator, use_draft=False, lookup=True, num_draft=k)
+        if draft is None:  # what generate runs by default for a model with no drafter of its own
+            modes["mlxspec lookup k=auto"] = mlxspec_mode(speculator, use_draft=False, lookup=True, num_draft="auto")
         modes[f"mlxspec lookup k={longest} corpus=off"] = mlxspec_mode(
             speculator, use_draft=False, lookup=True, num_draft=longest, corpus_fallback=False
         )

@@ -259,11 +259,28 @@ def _merge(base: PlanRequest, changed: PlanRequest) -> PlanRequest:
     return replace(base, **updates)
 
 
+def load_staging_bytes(req: PlanRequest) -> int:
+    """On the CPU backend, loading holds each unquantized half-precision model's stored weights and their float32
+    copy together (mlx-lm reads them, mlxspec casts them): the stored bytes alive on top of the weights at load."""
+    if req.device.backend != "cpu":
+        return 0
+    staged = 0
+    for meta, bits in ((req.target, req.target_bits), (req.draft, req.draft_bits)):
+        if meta is None or bits or meta.config.get("quantization") or not meta.weight_bytes:
+            continue
+        if meta.weight_bytes * 1.5 < 4 * mm.count_parameters(meta.config).total:  # stored in half precision
+            staged += meta.weight_bytes
+    return staged
+
+
 def make_plan(req: PlanRequest) -> Plan:
     items = memory_items(req)
     mlx_bytes = sum(item.bytes for item in items)
+    weights = sum(item.bytes for item in items if item.name.endswith("weights"))
+    staged = load_staging_bytes(req)
     items.append(PlanItem("runtime overhead", RUNTIME_OVERHEAD, "MLX, Python, kernels (estimate)"))
-    total = mlx_bytes + RUNTIME_OVERHEAD
+    load_peak = weights + staged  # while loading, before any cache exists
+    total = max(mlx_bytes, load_peak) + RUNTIME_OVERHEAD
     budget = req.device.budget_bytes
     drafter = sum(i.bytes for i in items if i.name.startswith(("draft", "medusa")))
     plan = Plan(
@@ -298,6 +315,11 @@ def make_plan(req: PlanRequest) -> Plan:
         drafter_overhead_bytes=drafter,
         drafter_overhead_percent=100 * drafter / budget,
     )
+    if load_peak > mlx_bytes:
+        plan.notes.append(
+            f"loading peaks at {load_peak / 2**30:.2f} GiB before the caches exist: the stored half-precision "
+            f"weights ({staged / 2**30:.2f} GiB) and their float32 copy are alive together; the total counts it"
+        )
     if req.split.sharded:
         plan.notes.append(
             f"per rank: {req.split.describe()}; each machine needs the memory above (the most loaded rank). The "
