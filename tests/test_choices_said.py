@@ -56,3 +56,34 @@ def test_the_cross_tokenizer_note_gives_the_models_vocabulary_widths():
         draft = load_model(save_tiny_model_dir(Path(tmp) / "d", seed=1, tokenizer_chars="abc"))
         _, note = cross_tokenizer_bridge(target, draft)
     assert f"(vocabulary sizes differ: target {target.vocab_size}, draft {draft.vocab_size})" in note
+
+
+def test_the_plan_counts_the_load_time_peak_of_half_precision_weights(tmp_path, cli_run):
+    """On the CPU, loading holds the stored float16 weights and their float32 copy together: the plan's total
+    counts that peak where it exceeds the running one, and says so."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from tiny import make_tiny
+
+    from mlxspec.plan.devices import Device
+    from mlxspec.plan.metadata import load_metadata
+    from mlxspec.plan.planner import PlanRequest, load_staging_bytes, make_plan
+
+    model = make_tiny("llama", seed=0, vocab_size=4096, hidden_size=256, intermediate_size=512)
+    folder = tmp_path / "half"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(model.config)))
+    weights = {k: v.astype(mx.float16) for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    meta = load_metadata(str(folder))
+    cpu = Device("cpu", 0, 1 << 40, "test", backend="cpu")
+    plan = make_plan(PlanRequest(target=meta, device=cpu, context=64))
+    staged = load_staging_bytes(PlanRequest(target=meta, device=cpu, context=64))
+    assert staged == meta.weight_bytes > 0
+    weights_item = next(i.bytes for i in plan.items if i.name == "target weights")
+    assert plan.total_bytes >= weights_item + staged
+    assert any("loading peaks at" in note for note in plan.notes)
+    quantized = make_plan(PlanRequest(target=meta, device=cpu, context=64, target_bits=4))
+    assert not any("loading peaks at" in note for note in quantized.notes)
+    gpu = make_plan(PlanRequest(target=meta, device=Device("gpu", 0, 1 << 40, "test", backend="gpu"), context=64))
+    assert not any("loading peaks at" in note for note in gpu.notes)
