@@ -1,7 +1,7 @@
 """`mlxspec bench plan`: the memory planner against MLX's measured peak memory over several contexts.
 
-Pairs: the embedded target + draft, and a random-weight Qwen2.5-0.5B (its real config.json preset) with a random
-2-layer draft that shares its vocabulary. Each run prefills context - 32 tokens, then decodes 32 tokens
+Pairs: the embedded target + draft, a random-weight Qwen2.5-0.5B (its real config.json preset) with a random
+2-layer draft that shares its vocabulary, or any model directory, alone. Each run prefills context - 32 tokens, then decodes 32 tokens
 speculatively (k=4), and compares mx.get_peak_memory() with the plan's MLX-allocated bytes (runtime overhead, which
 MLX does not count, left out).
 """
@@ -9,6 +9,7 @@ MLX does not count, left out).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from mlxspec.bench.steps import Steps, machine
 
@@ -57,6 +58,8 @@ def build_pair(name: str) -> tuple:
     from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
     from mlxspec.plan.metadata import ModelMetadata, load_metadata
 
+    if Path(name).is_dir():  # a model of the user's own, alone (plain decoding)
+        return load_model(name).model, None, load_metadata(name), None
     if name == "embedded":
         target, draft = load_model(DEFAULT_TARGET).model, load_model(DEFAULT_DRAFT).model
         return target, draft, load_metadata(str(DEFAULT_TARGET)), load_metadata(str(DEFAULT_DRAFT))

@@ -171,7 +171,9 @@ def acceptance(json_out, no_draft_model, no_lookup, temps, eagle_trees, medusa_t
 
 @click.command("plan", short_help="The memory planner against measured peak memory.")
 @click.option("--contexts", default="256,512,1024,2048,4096", show_default=True, help="Comma-separated.")
-@click.option("--pairs", default="embedded,qwen2.5-0.5b-random", show_default=True, help="Target + draft pairs.")
+@click.option(
+    "--pairs", default="embedded,qwen2.5-0.5b-random", show_default=True, help="Target + draft pairs, or model dirs."
+)
 @JSON_OPTION
 def plan(contexts, pairs, json_out) -> None:
     """The memory planner against MLX's measured peak memory (`mlxspec plan`'s numbers checked on this machine)."""
@@ -182,8 +184,8 @@ def plan(contexts, pairs, json_out) -> None:
     if not sizes or not all(c.isascii() and c.isdigit() and 64 <= int(c) <= 1 << 20 for c in sizes):
         raise UserError(f"--contexts '{contexts}' is not a list of contexts 64-1048576 (e.g. 256,1024,4096)")
     names = tuple(n.strip() for n in pairs.split(",") if n.strip())
-    if not names or set(names) - set(PAIRS):
-        raise UserError(f"--pairs '{pairs}': choose from {','.join(PAIRS)}")
+    if not names or any(n not in PAIRS and not Path(n).is_dir() for n in names):
+        raise UserError(f"--pairs '{pairs}': choose from {','.join(PAIRS)}, or a model directory")
     report = run_plan_check(PlanCheckConfig(tuple(int(c) for c in sizes), names), echo=click.echo)
     write_report(report, json_out, command_line("plan"))
 
