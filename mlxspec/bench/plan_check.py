@@ -1,9 +1,9 @@
 """`mlxspec bench plan`: the memory planner against MLX's measured peak memory over several contexts.
 
 Pairs: the embedded target + draft, a random-weight Qwen2.5-0.5B (its real config.json preset) with a random
-2-layer draft that shares its vocabulary, or any model directory, alone. Each run prefills context - 32 tokens, then decodes 32 tokens
-speculatively (k=4), and compares mx.get_peak_memory() with the plan's MLX-allocated bytes (runtime overhead, which
-MLX does not count, left out).
+2-layer draft that shares its vocabulary, or any model directory, alone. Each run prefills context - 32 tokens,
+then decodes 32 tokens (speculatively, k=4, where there is a draft), and compares mx.get_peak_memory() with the
+plan's MLX-allocated bytes (runtime overhead, which MLX does not count, left out).
 """
 
 from __future__ import annotations
