@@ -75,7 +75,7 @@ print('LOADED', ','.join(loaded))
         ["--help"],
         ["plan", "--list"],
         ["plan", "--device", "m2-16gb"],
-        ["plan", "--model", "llama-3.1-8b", "--draft", "llama-3.2-1b", "--memory", "16GB", "--json"],
+        ["plan", "--model", "llama-3.1-8b", "--draft", "llama-3.2-1b", "--memory", "96GB", "--json"],
     ],
     ids=["help", "plan-list", "plan-embedded", "plan-preset"],
 )

@@ -32,7 +32,7 @@ def test_a_noisy_curve_is_measured_again_up_to_three_times_keeping_the_quietest(
     assert [c.spread for c in curves] == [0.6, 0.4, 0.4, 0.4, 0.4]  # the quietest attempt stands
     assert curves[-1].attempts == 3
     stored = json.loads((cache_dir() / costs.CURVES_FILE).read_text())
-    assert [entry["spread"] for entry in stored.values()] == [0.4]
+    assert stored[costs._key("none", path, None)]["spread"] == 0.4
 
 
 def test_a_quiet_curve_is_measured_once_and_remeasure_measures_again(monkeypatch, tmp_path, cli_run):

@@ -352,8 +352,9 @@ def test_every_suggested_flag_is_one_plan_takes_and_reproduces_its_numbers():
         proc = subprocess.run(
             [sys.executable, "-m", "mlxspec.cli.main", "plan", *base, *args, "--json"], capture_output=True, text=True
         )
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
+        result = json.loads(proc.stdout)
+        assert proc.returncode == (0 if result["fits"] else 1), proc.stderr  # the exit status says the verdict
+        return result
 
     suggestions = plan()["recommendations"]
     plan_flags = ("--quantize-target", "--draft-bits", "--kv-bits", "--draft-window", "--num-draft")
