@@ -167,8 +167,8 @@ def bench(ctx: click.Context, **p) -> None:
         run_verify_cost(VerifyCostConfig(target, draft, kernel=p["kernel"]), echo=click.echo)
         return
     click.echo(verify_cost_line(speculator.target, speculator.draft, max(num_drafts) + 1, kernel=p["kernel"]))
-    if speculator.draft is None and medusa is None and eagle is None and dflash is None:
-        raise UserError("bench compares drafters; pass --draft, --medusa, --eagle or --dflash")
+    if speculator.draft is None and medusa is None and eagle is None and dflash is None and "lookup" not in families:
+        raise UserError("bench compares drafters; pass --draft, --medusa, --eagle or --dflash, or run --modes lookup")
     prompts = (
         tokenized(texts, speculator.tokenizer, speculator.vocab_size, p["prompts_file"])
         if texts
