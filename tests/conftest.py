@@ -10,14 +10,18 @@ from mlxspec.cli.main import main
 
 
 @pytest.fixture(scope="session", autouse=True)
-def session_cache(tmp_path_factory):
-    """What this test session measured once (cost curves, corpus tables), never the user's ~/.cache/mlxspec. It is
+def session_cache(tmp_path_factory, worker_id):
+    """What this test run measured once (cost curves, corpus tables), never the user's ~/.cache/mlxspec. Shared by
+    the run's xdist workers (the folder above each worker's own), so each curve is measured about once per run. It is
     the environment of the whole session too, so servers that module fixtures start read no user cache either."""
-    cache = tmp_path_factory.mktemp("mlxspec-session-cache")
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if worker_id != "master" else base) / "mlxspec-session-cache"
+    cache.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as session:
         session.setenv("MLXSPEC_CACHE", str(cache))
         session.setenv("HF_HUB_CACHE", str(cache.parent / "empty-hf-hub"))
         session.setenv("HF_HUB_OFFLINE", "1")
+        session.setenv("MLXSPEC_CURVE_ATTEMPTS", "1")  # each cost curve measured once (test_measured_decisions: 3)
         yield cache
 
 
@@ -29,7 +33,7 @@ def fresh_cache(tmp_path_factory, session_cache, monkeypatch):
     measured afterwards. A test that wants another cache sets MLXSPEC_CACHE itself."""
     cache = tmp_path_factory.mktemp("mlxspec-cache")
     for item in session_cache.iterdir():
-        if item.is_file():
+        if item.is_file() and item.suffix != ".tmp":
             shutil.copy2(item, cache / item.name)
     monkeypatch.setenv("MLXSPEC_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_CACHE", str(session_cache.parent / "empty-hf-hub"))
@@ -50,10 +54,21 @@ def keep_measurements(cache, session_cache) -> None:
             except (OSError, ValueError):
                 merged = None
             if merged is not None:
-                kept.write_text(json.dumps(merged))
+                write_atomically(kept, json.dumps(merged).encode())
                 continue
         if not kept.exists() or item.name == "cost_curves.json":
-            shutil.copy2(item, kept)
+            write_atomically(kept, item.read_bytes())
+
+
+def write_atomically(path, data: bytes) -> None:
+    """Another worker reads the session cache meanwhile: it sees the old file or the new one, never half of one."""
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.replace(tmp, path)
 
 
 @pytest.fixture(scope="session")

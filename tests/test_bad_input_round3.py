@@ -233,6 +233,7 @@ def test_a_broken_cache_entry_is_passed_over_and_the_rest_still_drafts(tmp_path,
 # ---- row 15: --check-exact compares with plain decoding, whatever the drafting flags ----
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
     [
@@ -298,6 +299,7 @@ def test_a_bad_tune_record_is_refused_by_name_when_read(cli_run, tmp_path, monke
     assert str(path) in str(error.value) and "--no-tune" in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [0, 5, 7, len(BAD_RECORDS)], ids=["choice-str", "source-5", "k-999", "deep"])
 def test_generate_ignores_a_bad_tune_record_with_one_line_naming_it(cli_run, tmp_path, monkeypatch, damage):
     _, path = _stored_tune(cli_run, tmp_path)

@@ -36,6 +36,7 @@ def test_bench_lists_its_subcommands_and_each_has_help():
         assert bench(name, "--help").returncode == 0
 
 
+@pytest.mark.slow
 def test_acceptance_counts_drafts_accepted_for_the_draft_model_and_lookup(tmp_path):
     out = tmp_path / "acceptance.json"
     run = bench(
@@ -63,6 +64,7 @@ def test_acceptance_counts_repeat_exactly(tmp_path):
     assert reports[0] == reports[1]
 
 
+@pytest.mark.slow
 def test_verify_cost_reports_the_curve_and_never_replaces_the_stored_one(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -77,6 +79,7 @@ def test_verify_cost_reports_the_curve_and_never_replaces_the_stored_one(tmp_pat
     assert stored.read_text() == '{"kept": "as it was"}'
 
 
+@pytest.mark.slow
 def test_plan_check_is_within_fifteen_percent_on_the_embedded_pair(tmp_path):
     out = tmp_path / "plan.json"
     run = bench("plan", "--contexts", 256, "--pairs", "embedded", "--json", out)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import mlxspec
 from mlxspec import DecodeOptions
 from mlxspec.loading import DEFAULT_TARGET
@@ -13,6 +15,7 @@ from mlxspec.loading import DEFAULT_TARGET
 PROMPT = "import os\nimport sys\nimport os\nimport sys\nimport"
 
 
+@pytest.mark.slow
 def test_a_call_with_its_own_options_keeps_the_loads_lookup_drafter():
     spec = mlxspec.load(str(DEFAULT_TARGET), draft="auto")  # a model of "the user's own": no drafter fits it
     assert spec.options.lookup
@@ -22,6 +25,7 @@ def test_a_call_with_its_own_options_keeps_the_loads_lookup_drafter():
     assert plain.stats.mode == "plain" and plain.tokens == drafted.tokens
 
 
+@pytest.mark.slow
 def test_verbose_names_the_draft_auto_choice_and_why(cli_run):
     code, out, err = cli_run("generate", PROMPT, "--model", DEFAULT_TARGET, "--max-tokens", "8", "-v")
     assert code == 0, err

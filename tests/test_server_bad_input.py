@@ -46,6 +46,7 @@ def plain_text():
     return spec.generate(PROMPT, max_tokens=12, temperature=0.0, use_draft=False, lookup=False).text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags, request_changes",
     [
