@@ -98,8 +98,8 @@ EDGE_TOP_PS = [1e-300, 1e-46, 1.4e-45, 1e-40, 1.1754943508222875e-38, 1e-30]
 
 
 def test_a_top_p_at_the_float32_edges_keeps_the_best_token_in_every_path():
-    """Every tiny top-p samples the greedy text: plain decoding, draft-model chains (rejection) and lookup (match),
-    and the whole-vocabulary ranking that redraws a short row."""
+    """Every tiny top-p keeps just the best token: the ranked candidates and the whole-vocabulary ranking that
+    redraws a short row (the end-to-end runs below: plain decoding, rejection and match)."""
     import numpy as np
 
     from mlxspec.decoding.sampling import to_probs_checked, to_probs_sorted
@@ -113,7 +113,11 @@ def test_a_top_p_at_the_float32_edges_keeps_the_best_token_in_every_path():
             probs = np.array(probs)
             assert np.isfinite(probs).all(), top_p
             assert (probs.argmax(axis=-1) == best).all() and np.allclose(probs.max(axis=-1), 1.0), top_p
-    spec = mlxspec.load()
+
+
+@pytest.mark.slow
+def test_a_top_p_at_the_float32_edges_samples_the_greedy_text_in_plain_chain_and_lookup_runs(embedded):
+    spec = embedded
     prompt = '# Copyright 2001\n"""Utilities for'
     greedy = spec.generate(prompt, max_tokens=12, temperature=0.0, use_draft=False).tokens
     for top_p in (1e-300, 1e-40):
@@ -135,6 +139,11 @@ def test_the_cli_samples_the_greedy_text_at_a_top_p_of_1e_300(cli_run):
 # ---- rows 7 and 8: the Python API refuses what it would hang on or misread ----
 
 
+@pytest.fixture(scope="module")
+def embedded():
+    return mlxspec.load()
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -150,8 +159,8 @@ def test_the_cli_samples_the_greedy_text_at_a_top_p_of_1e_300(cli_run):
         (lambda s: s.generate("import os", max_tokens=4, num_draft="²"), "num_draft '²'"),
     ],
 )
-def test_the_api_refuses_values_it_would_hang_on_or_misread(call, message):
-    spec = mlxspec.load()
+def test_the_api_refuses_values_it_would_hang_on_or_misread(embedded, call, message):
+    spec = embedded
     start = time.perf_counter()
     with pytest.raises(UserError) as error:
         call(spec)
@@ -206,6 +215,7 @@ def _broken_entries(hub, target_dir):
     (looping / "b").symlink_to(looping / "a")
 
 
+@pytest.mark.slow
 def test_a_broken_cache_entry_is_passed_over_and_the_rest_still_drafts(tmp_path, monkeypatch, cli_run):
     from test_discovery import snapshot
     from tiny import make_tiny, save_tiny_model_dir
@@ -401,6 +411,7 @@ def test_the_bench_plot_draws_every_family_measured_at_several_k(tmp_path, monke
     assert all(float(t).is_integer() for t in axis.get_xticks())
 
 
+@pytest.mark.slow
 def test_the_embedded_drafters_are_listed_and_named_as_an_install_understands(cli_run):
     code, out, err = cli_run("drafters", "--all")
     assert code == 0, err
