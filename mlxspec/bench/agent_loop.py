@@ -10,13 +10,12 @@ must write plain decoding's text (greedy: exact).
 
 from __future__ import annotations
 
-import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from itertools import islice
 
-from mlxspec.bench.steps import Steps, machine
+from mlxspec.bench.steps import Steps, heldout_files, machine
 
 CONFIGS = {  # name -> DecodeOptions changes (greedy, no EOS stop, so every configuration writes the same tokens)
     "no draft": dict(use_draft=False),
@@ -41,19 +40,7 @@ class AgentLoopConfig:
 
 def file_openings(count: int, min_lines: int) -> list[list[str]]:
     """The lines of `count` held-out stdlib files with at least `min_lines` lines."""
-    from mlxspec.loading import MODELS_DIR
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    out = []
-    for name in (MODELS_DIR / "heldout_files.txt").read_text().split():
-        path = stdlib / name
-        if path.exists():
-            lines = path.read_text(errors="replace").splitlines(keepends=True)
-            if len(lines) >= min_lines:
-                out.append(lines)
-        if len(out) == count:
-            break
-    return out
+    return list(islice((lines for lines in heldout_files() if len(lines) >= min_lines), count))
 
 
 def turns(config: AgentLoopConfig) -> list[str]:

@@ -15,14 +15,14 @@ a client sends it. Prompts are the openings of held-out stdlib files. What it me
 from __future__ import annotations
 
 import statistics
-import sysconfig
 import threading
 import time
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 
 from mlxspec.bench.serve_client import Server, timed_stream
-from mlxspec.bench.steps import Steps, machine
+from mlxspec.bench.steps import Steps, heldout_files, machine
 
 WHATS = ("load", "ttft", "compare", "batch")
 
@@ -43,19 +43,8 @@ class ServeBenchConfig:
 
 def prompts(count: int, lines: int = 12) -> list[str]:
     """The first `lines` lines of held-out stdlib files, as completion prompts."""
-    from mlxspec.loading import MODELS_DIR
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    out = []
-    for name in (MODELS_DIR / "heldout_files.txt").read_text().split():
-        path = stdlib / name
-        if path.exists():
-            text = "".join(path.read_text(errors="replace").splitlines(keepends=True)[:lines])
-            if 200 < len(text) < 1200:
-                out.append(text)
-        if len(out) == count:
-            break
-    return out
+    openings = ("".join(file[:lines]) for file in heldout_files())
+    return list(islice((text for text in openings if 200 < len(text) < 1200), count))
 
 
 def percentiles(values: list[float]) -> dict:

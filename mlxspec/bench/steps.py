@@ -36,3 +36,18 @@ def machine() -> str:
     from mlxspec.platform import blas_in_use
 
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, {blas_in_use()} BLAS"
+
+
+def heldout_files():
+    """The lines of each held-out stdlib file this Python has (models/heldout_files.txt), one list at a time: the
+    workloads of `bench serve` and `bench agent-loop`."""
+    import sysconfig
+    from pathlib import Path
+
+    from mlxspec.loading import MODELS_DIR
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in (MODELS_DIR / "heldout_files.txt").read_text().split():
+        path = stdlib / name
+        if path.exists():
+            yield path.read_text(errors="replace").splitlines(keepends=True)
