@@ -61,6 +61,19 @@ def common_options(function):
     show_default=True,
     help="EAGLE-3, Hydra: share of the self-distilled data sampled at T=0.7 (the rest greedy).",
 )
+@click.option(
+    "--english-share",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="EAGLE-3: share of the self-distilled prompts taken from English text (the rest from code).",
+)
+@click.option(
+    "--target-rows",
+    is_flag=True,
+    help="EAGLE-3: a hot-vocabulary head whose output layer is the target's own rows of the draft vocabulary "
+    "(FR-Spec): not trained, not stored.",
+)
 def train_heads(kind, **params) -> None:
     """Train Medusa heads, an EAGLE or EAGLE-3 head or a DFlash block drafter on a frozen target."""
     if kind == "medusa":
@@ -121,6 +134,8 @@ def _train_eagle3(**params) -> None:
         distill_sequences=params["distill_sequences"],
         draft_vocab=params["draft_vocab"],
         sampled_share=params["sampled_share"],
+        english_share=params["english_share"],
+        target_rows=params["target_rows"],
     )
     run_training(config, train_eagle3, params["model"], params["out_dir"], "config.json", "the EAGLE-3 head")
 

@@ -39,13 +39,33 @@ def output_head(model: nn.Module):
     """h -> logits exactly as the model's own __call__ computes them from model.model's output."""
     model = text_model(model)
     base = model.lm_head if "lm_head" in model else model.model.embed_tokens.as_linear
-    cap = getattr(model, "final_logit_softcapping", None)
+    cap = output_cap(model)
 
     def head(h: mx.array) -> mx.array:
         out = base(h)
         return mx.tanh(out / cap) * cap if cap else out
 
     return head
+
+
+def output_cap(model: nn.Module) -> float | None:
+    """The soft cap the model applies to its logits (Gemma 2), or None."""
+    return getattr(text_model(model), "final_logit_softcapping", None) or None
+
+
+def output_rows(model: nn.Module, ids: mx.array) -> mx.array:
+    """[len(ids), D]: the rows of the model's output projection for these token ids, dequantized, so that
+    h @ rows.T equals output_head(h)[..., ids] before any soft cap. What a hot-vocabulary head borrows instead of
+    training (and storing) an output layer of its own."""
+    model = text_model(model)
+    layer = model.lm_head if "lm_head" in model else model.model.embed_tokens
+    if "scales" not in layer:
+        return layer.weight[ids]
+    biases = layer["biases"][ids] if "biases" in layer else None
+    mode = getattr(layer, "mode", "affine")
+    return mx.dequantize(
+        layer.weight[ids], layer.scales[ids], biases, group_size=layer.group_size, bits=layer.bits, mode=mode
+    )
 
 
 def forward_with_hidden(

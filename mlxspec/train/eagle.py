@@ -167,15 +167,16 @@ def distilled_stream(
     log: Callable[[str], None],
     label: str,
     temperature: float = 0.0,
+    openings: tuple[list[int], ...] = (),
 ) -> np.ndarray:
-    """The target's continuations (greedy, or sampled at `temperature`) of `sequences` corpus prompts, cached in
-    `cached` (resumable runs reuse it)."""
+    """The target's continuations (greedy, or sampled at `temperature`) of `sequences` prompts (`openings` first,
+    then corpus windows), cached in `cached` (resumable runs reuse it)."""
     if cached.exists():
         return np.load(cached)
     from mlxspec.train.medusa import MedusaTrainConfig
 
     settings = MedusaTrainConfig(seq_len=cfg.seq_len, seed=seed, distill_sequences=sequences)
-    data = self_distilled_stream(target, stream, settings, log, label, temperature)
+    data = self_distilled_stream(target, stream, settings, log, label, temperature, openings)
     np.save(cached, data)
     return data
 

@@ -43,11 +43,15 @@ class Eagle3TrainConfig(EagleTrainConfig):
     draft_vocab: int = 0  # 0: a quarter of the target's vocabulary
     sampled_share: float = 0.5  # of the self-distilled sequences, this share sampled at T=0.7
     feature_weight: float = 0.0  # EAGLE-3 has no feature regression
+    english_share: float = 0.0  # of the self-distilled sequences, this share continues English prompts
+    target_rows: bool = False  # the output layer: the target's own rows of the draft vocabulary (FR-Spec), frozen
 
     def validate(self, context_length: int | None = None) -> None:
         super().validate(context_length)
         if not 0.0 <= self.sampled_share <= 1.0:
             raise UserError(f"--sampled-share {self.sampled_share} must be between 0 and 1")
+        if not 0.0 <= self.english_share <= 1.0:
+            raise UserError(f"--english-share {self.english_share} must be between 0 and 1")
 
 
 def aux_layers_for(num_layers: int) -> tuple[int, ...]:
@@ -68,7 +72,7 @@ def draft_vocabulary(stream: np.ndarray, vocab: int, size: int) -> np.ndarray:
     return np.sort(order[:size])
 
 
-def new_eagle3_head(target: LoadedModel, draft_ids: np.ndarray) -> Eagle3Head:
+def new_eagle3_head(target: LoadedModel, draft_ids: np.ndarray, target_rows: bool = False) -> Eagle3Head:
     own = text_config(target.config)
     hidden, heads = int(own["hidden_size"]), int(own["num_attention_heads"])
     config = Eagle3Config(
@@ -84,11 +88,13 @@ def new_eagle3_head(target: LoadedModel, draft_ids: np.ndarray) -> Eagle3Head:
         max_position_embeddings=int(own.get("max_position_embeddings") or 4096),
         aux_layer_ids=aux_layers_for(int(own["num_hidden_layers"])),
         base_model=target.path.name,
-        mlxspec={"base_model_identity": base_model_identity(target.path)},
+        mlxspec={"base_model_identity": base_model_identity(target.path), **({"lm_head": "target"} if target_rows else {})},
     )
     head = Eagle3Head(config)
     ids = mx.array(draft_ids, dtype=mx.int32)
     head.set_vocabulary_map(ids - mx.arange(ids.shape[0], dtype=mx.int32))
+    if target_rows:
+        head.borrow_output_rows(target.model)
     return head
 
 
@@ -111,12 +117,13 @@ def unrolled(head: Eagle3Head, embed, tokens: mx.array, taps: mx.array, depths: 
 
 
 def eagle3_loss(
-    head: Eagle3Head, embed, tokens: mx.array, taps: mx.array, target_logits: mx.array, depths: int
+    head: Eagle3Head, embed, tokens: mx.array, taps: mx.array, draft_logits: mx.array, depths: int
 ) -> tuple[mx.array, mx.array]:
     """(loss, KL per depth [S]): the KL divergence from the target's distribution restricted to the draft
-    vocabulary (renormalized there, as speculators trains) at every depth, depth s weighted 0.8^s."""
+    vocabulary (`draft_logits`: the target's logits of the draft tokens, renormalized there as speculators trains)
+    at every depth, depth s weighted 0.8^s."""
     logits = unrolled(head, embed, tokens[:, 1:], taps[:, :-1], depths)[:, :, :-1]
-    want = mx.softmax(target_logits[:, 1:-1][..., head.draft_to_target].astype(mx.float32), axis=-1)
+    want = mx.softmax(draft_logits[:, 1:-1].astype(mx.float32), axis=-1)
     kl = (want * (mx.log(want + 1e-9) - nn.log_softmax(logits, axis=-1))).sum(-1).mean(axis=(1, 2))
     weights = mx.array([0.8**s for s in range(depths)])
     return (kl * weights).sum() / weights.sum(), kl
@@ -140,39 +147,37 @@ def depth_agreement(head: Eagle3Head, embed, target: LoadedModel, windows: list[
 
 
 def eagle3_streams(target: LoadedModel, cfg: Eagle3TrainConfig, out_dir: Path, log: Callable[[str], None]):
-    """(training tokens: greedy and sampled continuations, held-out greedy continuations), cached in out_dir."""
+    """(training tokens: greedy and sampled continuations of code and, for `english_share` of them, English
+    prompts; held-out greedy continuations of held-out code), each part cached in out_dir."""
     from mlxspec.drafting.lookup.corpus import split_files
 
     train_files, heldout_files = split_files()
     out_dir.mkdir(parents=True, exist_ok=True)
-    corpus = token_stream(train_files, target.tokenizer)
+    corpora = {"code": (token_stream(train_files, target.tokenizer), ())}
+    if cfg.english_share > 0:
+        from mlxspec.train.english import OPENINGS, english_stream
+
+        openings = tuple(target.tokenizer.encode(text) for text in OPENINGS)
+        corpora["english"] = (english_stream(target.tokenizer), openings)
     sampled = round(cfg.distill_sequences * cfg.sampled_share)
-    parts = [
-        distilled_stream(
-            target,
-            corpus,
-            cfg,
-            cfg.distill_sequences - sampled,
-            cfg.seed + 1,
-            out_dir / "greedy.npy",
-            log,
-            "training data (greedy)",
-        )
-    ]
-    if sampled:
-        parts.append(
-            distilled_stream(
-                target,
-                corpus,
-                cfg,
-                sampled,
-                cfg.seed + 2,
-                out_dir / "sampled.npy",
-                log,
-                f"training data (sampled at T={SAMPLED_TEMPERATURE})",
-                temperature=SAMPLED_TEMPERATURE,
+    parts = []
+    for kind, count, seed, temperature in (
+        ("greedy", cfg.distill_sequences - sampled, 1, 0.0),
+        ("sampled", sampled, 2, SAMPLED_TEMPERATURE),
+    ):
+        english = round(count * cfg.english_share) if "english" in corpora else 0
+        for name, share, offset in (("code", count - english, 0), ("english", english, 2)):
+            if share == 0:
+                continue
+            stream, openings = corpora[name]
+            label = f"training data ({name}, {kind}{f' at T={temperature}' if temperature else ''})"
+            cached = out_dir / (f"{kind}.npy" if name == "code" else f"{name}-{kind}.npy")
+            parts.append(
+                distilled_stream(
+                    target, stream, cfg, share, cfg.seed + seed + offset, cached, log, label, temperature,
+                    openings[:share],
+                )
             )
-        )
     heldout = distilled_stream(
         target,
         token_stream(heldout_files, target.tokenizer),
@@ -186,31 +191,71 @@ def eagle3_streams(target: LoadedModel, cfg: Eagle3TrainConfig, out_dir: Path, l
     return np.concatenate(parts), heldout
 
 
+class TargetFeatures:
+    """The frozen target's taps and final hidden state for every training window, computed once (float32: Gemma's
+    residual stream overflows float16; cached in out_dir), so that a training step costs the head alone: the target's logits of the draft vocabulary are the
+    final hidden state times its output rows (a 262k-token output layer is most of a small target's forward)."""
+
+    def __init__(self, target: LoadedModel, windows: np.ndarray, taps: tuple[int, ...], out_dir: Path, log) -> None:
+        from mlxspec.decoding.target_features import final_norm
+
+        cached = out_dir / "features.npz"
+        if cached.exists():
+            saved = np.load(cached)
+            if saved["taps"].shape[:2] == windows.shape:
+                self.taps, self.final = saved["taps"], saved["final"]
+                return
+        last = int(text_config(target.config)["num_hidden_layers"]) - 1
+        norm, taps_out, finals = final_norm(target.model), [], []
+        for i in range(0, len(windows), 8):
+            rows, _ = forward_with_hidden(target.model, mx.array(windows[i : i + 8]), None, (*taps, last))
+            width = rows.shape[-1] // (len(taps) + 1)
+            tapped, final = rows[..., : len(taps) * width], norm(rows[..., len(taps) * width :])
+            mx.eval(tapped, final)
+            taps_out.append(np.array(tapped.astype(mx.float32)))
+            finals.append(np.array(final.astype(mx.float32)))
+            log(f"target features: {min(i + 8, len(windows))}/{len(windows)} windows")
+        self.taps, self.final = np.concatenate(taps_out), np.concatenate(finals)
+        np.savez(cached, taps=self.taps, final=self.final)
+
+
+def draft_vocabulary_logits(final: mx.array, rows: mx.array, cap: float | None) -> mx.array:
+    """The target's logits of the draft vocabulary from its final hidden state and the rows of its output layer."""
+    logits = final.astype(rows.dtype) @ rows.T
+    return mx.tanh(logits / cap) * cap if cap else logits
+
+
 def train_eagle3(
     target: LoadedModel, out_dir: Path, cfg: Eagle3TrainConfig, log: Callable[[str], None] = print
 ) -> Eagle3Head:
+    from mlxspec.decoding.target_features import output_cap, output_rows
+
     mx.random.seed(cfg.seed)
     stream, heldout = eagle3_streams(target, cfg, out_dir, log)
     if len(stream) <= cfg.seq_len:
         raise UserError(f"--seq-len {cfg.seq_len} is longer than the whole training text ({len(stream)} tokens)")
     vocab = int(text_config(target.config)["vocab_size"])
     size = min(vocab, cfg.draft_vocab or max(1, vocab // 4))
-    head = new_eagle3_head(target, draft_vocabulary(stream, vocab, size))
+    head = new_eagle3_head(target, draft_vocabulary(stream, vocab, size), cfg.target_rows)
     identity = {"kind": "eagle3", "base_model_identity": head.config.mlxspec["base_model_identity"], "vocab": size}
+    identity["target_rows"] = cfg.target_rows
     ckpt = out_dir / "checkpoint"
     state = checkpoint_state(ckpt)
     check_checkpoint_identity(state, identity, out_dir)
     target.model.freeze()
     embed = text_model(target.model).model.embed_tokens
-    taps_wanted = head.config.target_taps
+    windows = np.stack(_windows(stream, cfg.seq_len))
+    features = TargetFeatures(target, windows, head.config.target_taps, out_dir, log)
+    rows, cap = output_rows(target.model, head.draft_to_target), output_cap(target.model)
     optimizer = optim.AdamW(learning_rate=warmup_cosine(cfg.lr, cfg.warmup, cfg.steps), weight_decay=0.0)
     step_fn = nn.value_and_grad(head, lambda model, *a: eagle3_loss(model, embed, *a, cfg.unroll))
 
     def one_step(rng: np.random.Generator) -> tuple[mx.array, mx.array]:
-        starts = rng.integers(0, len(stream) - cfg.seq_len, cfg.batch_size)
-        tokens = mx.array(np.stack([stream[s : s + cfg.seq_len] for s in starts]))
-        taps, target_logits = forward_with_hidden(target.model, tokens, None, taps_wanted)
-        (loss, kl), grads = step_fn(head, tokens, mx.stop_gradient(taps), mx.stop_gradient(target_logits))
+        picked = np.sort(rng.choice(len(windows), min(cfg.batch_size, len(windows)), replace=False))
+        tokens = mx.array(windows[picked])
+        taps = mx.array(features.taps[picked]).astype(rows.dtype)
+        draft_logits = draft_vocabulary_logits(mx.array(features.final[picked]), rows, cap)
+        (loss, kl), grads = step_fn(head, tokens, taps, draft_logits)
         optimizer.update(head, grads)
         mx.eval(head.parameters(), optimizer.state, loss, kl)
         return loss, kl

@@ -134,9 +134,10 @@ def self_distilled_stream(
     log: Callable[[str], None],
     label: str = "training data",
     temperature: float = 0.0,
+    openings: tuple[list[int], ...] = (),
 ) -> np.ndarray:
     """The target's own continuations of corpus prompts (greedy, or sampled at `temperature`): what its heads
-    will be asked to predict.
+    will be asked to predict. `openings`: whole prompts that come first; random corpus windows fill the rest.
 
     Generated in batches with mlx-lm's batch_generate, which amortizes the per-call cost many sequences share.
     """
@@ -150,8 +151,8 @@ def self_distilled_stream(
 
     rng = np.random.default_rng(cfg.seed + 1)
     prompt_len, gen_len = DISTILL_PROMPT, cfg.seq_len - DISTILL_PROMPT
-    starts = rng.integers(0, len(stream) - prompt_len, cfg.distill_sequences)
-    prompts = [stream[s : s + prompt_len].tolist() for s in starts]
+    starts = rng.integers(0, len(stream) - prompt_len, max(0, cfg.distill_sequences - len(openings)))
+    prompts = [list(p) for p in openings] + [stream[s : s + prompt_len].tolist() for s in starts]
     pieces = []
     for i in range(0, len(prompts), 64):
         batch = prompts[i : i + 64]

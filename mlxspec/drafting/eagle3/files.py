@@ -252,9 +252,14 @@ def load_eagle3(path: Path, target: LoadedModel, where: str) -> Eagle3Head:
     if config.has_embedding:
         weights["embed_tokens.weight"] = embedding
     head = Eagle3Head(config)
+    head.set_vocabulary_map(d2t)
+    if config.lm_head_from_target:
+        if "lm_head.weight" in weights:
+            raise UserError(f"'{where}' says its output rows come from the target, yet ships lm_head.weight")
+        head.borrow_output_rows(target.model)
+        weights["lm_head.weight"] = head.lm_head.weight
     check_weights_fit(head, weights, f"the EAGLE-3 head '{where}'")
     head.load_weights(list(weights.items()))
-    head.set_vocabulary_map(d2t)
     if on_cpu():  # as the target: half-precision matmul is emulated on the CPU
         head.set_dtype(mx.float32)
     mx.eval(head.parameters())
@@ -287,7 +292,8 @@ def save_eagle3(head: Eagle3Head, out_dir: Path) -> None:
         "base_model": config.base_model,
         "mlxspec": config.mlxspec,
     }
-    weights = {k: v.astype(mx.float16) for k, v in tree_flatten(head.parameters()) if not k.startswith("embed_tokens")}
+    skipped = ("embed_tokens", "lm_head") if config.lm_head_from_target else ("embed_tokens",)
+    weights = {k: v.astype(mx.float16) for k, v in tree_flatten(head.parameters()) if not k.startswith(skipped)}
     ids = head.draft_to_target
     weights["d2t"] = (ids - mx.arange(ids.shape[0], dtype=mx.int32)).astype(mx.int64)
     weights["t2d"] = mx.zeros((config.vocab_size,), dtype=mx.int32).at[ids].add(1) > 0

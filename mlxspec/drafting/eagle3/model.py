@@ -56,6 +56,12 @@ class Eagle3Config:
     kind = "eagle3"
 
     @property
+    def lm_head_from_target(self) -> bool:
+        """A hot-vocabulary head (FR-Spec style): its output layer is the target's own output rows for the draft
+        vocabulary, taken from the target when wired, never trained or stored."""
+        return self.mlxspec.get("lm_head") == "target"
+
+    @property
     def feature_size(self) -> int:
         return self.target_hidden_size or self.hidden_size
 
@@ -137,6 +143,13 @@ class Eagle3Head(nn.Module):
     def on_target(self, target: nn.Module) -> Eagle3OnTarget:
         return Eagle3OnTarget(self, target)
 
+    def borrow_output_rows(self, target: nn.Module) -> None:
+        """Take the target's output rows for the draft vocabulary as this head's (frozen) output layer."""
+        from mlxspec.decoding.target_features import output_rows
+
+        self.lm_head.weight = output_rows(target, self.draft_to_target).astype(self.lm_head.weight.dtype)
+        self.lm_head.freeze()
+
     def set_vocabulary_map(self, d2t: mx.array | None) -> None:
         base = mx.arange(self.config.draft_vocab_size, dtype=mx.int32)
         self._draft_to_target = base if d2t is None else base + d2t.astype(mx.int32)
@@ -172,6 +185,9 @@ class Eagle3OnTarget:
         self.embed = head.embed_tokens if head.config.has_embedding else text_model(target).model.embed_tokens
         self.vocab_size = head.config.vocab_size
         self.draft_to_target = head.draft_to_target
+        from mlxspec.decoding.target_features import output_cap
+
+        self.cap = output_cap(target) if head.config.lm_head_from_target else None
 
     def step(
         self, tokens: mx.array, features: mx.array, mask: Any, cache: Any, at_start: bool = False
@@ -181,6 +197,8 @@ class Eagle3OnTarget:
         out = self.head(self.embed(tokens), features, mask, cache)
         normed = self.head.norm(out)
         draft_logits = self.head.lm_head(normed)
+        if self.cap:  # the target's rows give the target's logits, which it caps
+            draft_logits = mx.tanh(draft_logits / self.cap) * self.cap
         return self.to_target_vocabulary(draft_logits), normed if self.head.config.norm_output else out
 
     def to_target_vocabulary(self, draft_logits: mx.array) -> mx.array:
