@@ -8,6 +8,8 @@ claims borrowed rows yet ships its own is refused in one line."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -39,10 +41,11 @@ def test_borrowed_rows_give_the_targets_own_logits_of_those_tokens(family, bits)
 
 def test_a_target_rows_head_stores_no_output_layer_decodes_exactly_and_refuses_a_shipped_one(cli_run, tmp_path):
     """train-heads --kind eagle3 --target-rows on a tiny Gemma 3 target (tied output, sliding windows), with English
-    prompts in its data: no lm_head in the file, its config says so, and --eagle decodes as plainly; the same head
+    prompts in its data, written under mlxspec's cache heads/: no lm_head in the file, its config says so, --eagle and
+--draft auto (which finds it there) decode as plainly; the same head
     given an lm_head of its own is refused by name."""
     target_dir = save_tiny_model_dir(tmp_path / "target", "gemma3_text", seed=1, num_hidden_layers=4)
-    out = tmp_path / "hot"
+    out = Path(os.environ["MLXSPEC_CACHE"]) / "heads" / "hot"  # where --draft auto looks for trained heads
     code, _, err = cli_run(
         "train-heads", "--kind", "eagle3", "--model", target_dir, "--out", out, "--steps", "3", "--seq-len", "80",
         "--distill-sequences", "8", "--batch-size", "2", "--draft-vocab", "6", "--target-rows",
@@ -61,6 +64,11 @@ def test_a_target_rows_head_stores_no_output_layer_decodes_exactly_and_refuses_a
     assert code == 0, err
     result = json.loads(drafted)
     assert result["tokens"] == json.loads(plain)["tokens"] and result["stats"]["drafted"] > 0
+    code, listed, err = cli_run("drafters", "--model", target_dir, "--json")
+    assert code == 0 and json.loads(listed)["pick"]["source"] == str(out), listed + err
+    code, auto, err = cli_run(*common, "--draft", "auto", "-k", "3")
+    assert code == 0 and json.loads(auto)["mode"].startswith("eagle3"), auto + err
+    assert json.loads(auto)["tokens"] == json.loads(plain)["tokens"]
     stored["lm_head.weight"] = mx.zeros((6, raw["hidden_size"]))
     mx.save_safetensors(str(out / "model.safetensors"), stored)
     assert_one_line(cli_run(*common, "--eagle", out), "yet ships lm_head.weight")

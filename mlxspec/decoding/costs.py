@@ -259,6 +259,7 @@ class DraftLengthController:
         self, curve: CostCurve, max_k: int, prior_alpha: float = 0.6, memory: float = 0.9, pause: bool = False
     ):
         self.curve, self.max_k, self.memory, self.pause = curve, max_k, memory, pause
+        self.timed = True  # False: step timings never pause drafting (the lengths follow the text alone)
         self.paused, self.mode_steps, self.probe_interval, self.observed_steps = False, 0, PROBE_EVERY, 0
         self.seconds_per_token: dict[bool, float] = {}  # measured, drafting (True) and plain (False) steps
         self.committed_plain = False  # plain_next promised the coming step is plain (its forward is queued)
@@ -319,7 +320,7 @@ class DraftLengthController:
         """A step's wall time and tokens: seconds per token of drafting and of plain steps, with forgetting. The
         first WARMUP_STEPS steps (compilation, the prompt's last token) are not counted."""
         self.observed_steps += 1
-        if tokens <= 0 or self.observed_steps <= WARMUP_STEPS:
+        if not self.timed or tokens <= 0 or self.observed_steps <= WARMUP_STEPS:
             return
         rate = seconds / tokens
         old = self.seconds_per_token.get(drafted)

@@ -1,5 +1,6 @@
-"""Drafters found, not guessed: what the local Hugging Face cache holds that can draft for a target, read from
-metadata only (config files, tokenizer.json, safetensors headers), without downloading or loading any weights.
+"""Drafters found, not guessed: what the local Hugging Face cache and mlxspec's cache `heads/` hold that can draft
+for a target, read from metadata only (config files, tokenizer.json, safetensors headers), without downloading or
+loading any weights.
 
 In the order `--draft auto` prefers them:
 1. a DFlash, EAGLE-3 or mlxspec EAGLE drafter made for this target: its hidden size, layer count and vocabulary
@@ -84,6 +85,18 @@ def cached_snapshots(cache: Path | None = None, broken: list[tuple[str, Path, st
         if snapshot is not None:
             found.append((repo, snapshot))
     return found
+
+
+def trained_heads() -> list[tuple[str, Path]]:
+    """(directory, directory) of each drafter under mlxspec's cache `heads/`: where `train-heads` puts what it trains
+    for a model of the user's own (the real Gemma's head, for one), so that --draft auto finds it too."""
+    from mlxspec.platform import cache_dir
+
+    root = cache_dir() / "heads"
+    try:
+        return [(str(path), path) for path in sorted(root.iterdir()) if path.is_dir()]
+    except OSError:  # none yet
+        return []
 
 
 def _snapshot_of(repo_dir: Path) -> Path | None:
@@ -314,11 +327,11 @@ def _mtp_candidates(facts: TargetFacts, snapshots: list[tuple[str, Path]]) -> li
 def find_drafters(
     target_path: Path, target_name: str = "", cache: Path | None = None, also: list[tuple[str, Path]] = ()
 ) -> list[Candidate]:
-    """Every cached drafter (and those in `also`: (name, directory)) judged against the target, best first (matches
-    before mismatches)."""
+    """Every cached drafter (the Hugging Face cache's, mlxspec's own trained heads, and those in `also`: (name,
+    directory)) judged against the target, best first (matches before mismatches)."""
     facts = TargetFacts.of(target_path, target_name)
     broken: list[tuple[str, Path, str]] = []
-    snapshots = list(also) + cached_snapshots(cache, broken)
+    snapshots = list(also) + trained_heads() + cached_snapshots(cache, broken)
     found = _mtp_candidates(facts, snapshots)
     found += [Candidate("unreadable", repo, path, 0, False, why) for repo, path, why in broken]
     for repo, path in snapshots:

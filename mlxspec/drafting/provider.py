@@ -20,13 +20,20 @@ from mlxspec.drafting.dflash.drafter import DFlashDrafter, block_seconds
 from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
 from mlxspec.drafting.factory import make_drafter
 from mlxspec.drafting.heads.feature_drafter import FeatureDrafter
-from mlxspec.drafting.lookup.drafter import PromptLookupDrafter
+from mlxspec.drafting.lookup.drafter import LookupThenModelDrafter, PromptLookupDrafter
 from mlxspec.drafting.lookup.suffix_index import SuffixIndex
 from mlxspec.loading import LoadedModel
 from mlxspec.options import DecodeOptions
 
 # Drafters whose draft length the controller may set; trees and the rest draft what their options say.
-ADAPTIVE = (DraftModelDrafter, CrossTokenizerDrafter, PromptLookupDrafter, FeatureDrafter, DFlashDrafter)
+ADAPTIVE = (
+    DraftModelDrafter,
+    CrossTokenizerDrafter,
+    PromptLookupDrafter,
+    LookupThenModelDrafter,
+    FeatureDrafter,
+    DFlashDrafter,
+)
 
 
 @dataclass
@@ -97,16 +104,20 @@ class DrafterProvider:
         if not (options.adaptive and options.tree_topk == 1 and isinstance(drafter, ADAPTIVE)):
             return RunDrafting(drafter)
         is_block = isinstance(drafter, DFlashDrafter)
+        model_part = drafter.model if isinstance(drafter, LookupThenModelDrafter) else drafter
         controller = self.draft_length_controller(
             options.depth,
-            with_draft=isinstance(drafter, (DraftModelDrafter, CrossTokenizerDrafter)),
+            with_draft=isinstance(model_part, (DraftModelDrafter, CrossTokenizerDrafter)),
             kernel=options.kernel,
             block_seconds=self.block_seconds(drafter, target, options) if is_block else 0.0,
         )
         if not controller.can_win:
             return RunDrafting(None, None, why_drafting_cannot_pay(controller.curve, options.depth))
         if isinstance(drafter, PromptLookupDrafter):
-            controller = None  # lookup drafts what matches, up to k; the curve only decides whether to draft
+            # Lookup drafts what matches, up to the controller's k, and pauses where its acceptance cannot pay
+            # (English at T=0.7 ran at 0.75x plain without). Not by step timings: its lengths then follow the text
+            # alone, so a seed repeats its text.
+            controller.timed = False
         return RunDrafting(drafter, controller)
 
     def draft_length_controller(
