@@ -321,6 +321,8 @@ def build_modes(
         for k in ks:
             modes[f"mlxspec {kind} k={k}"] = mlxspec_mode(eagle, num_draft=k)
         modes[f"mlxspec {kind} k=auto"] = mlxspec_mode(eagle, num_draft="auto")  # what generate runs by default
+        if "lookup" in families:  # lookup where the text repeats, the head elsewhere
+            modes[f"mlxspec lookup+{kind} k=auto"] = mlxspec_mode(eagle, lookup=True, num_draft="auto")
         for nodes, beam in EAGLE_TREES:
             name = mode_name(kind, tree_topk=beam, tree_nodes=nodes)
             modes[f"mlxspec {name}"] = mlxspec_mode(eagle, num_draft=nodes // beam, tree_topk=beam, tree_nodes=nodes)

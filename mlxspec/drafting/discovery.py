@@ -87,16 +87,19 @@ def cached_snapshots(cache: Path | None = None, broken: list[tuple[str, Path, st
     return found
 
 
-def trained_heads() -> list[tuple[str, Path]]:
-    """(directory, directory) of each drafter under mlxspec's cache `heads/`: where `train-heads` puts what it trains
-    for a model of the user's own (the real Gemma's head, for one), so that --draft auto finds it too."""
-    from mlxspec.platform import cache_dir
+def local_heads() -> list[tuple[str, Path]]:
+    """(directory, directory) of each drafter under mlxspec's cache `heads/` (where `train-heads --out` puts a head
+    for a model of the user's own) and under the `heads/` shipped in models/ (heads for published models, such as
+    google/gemma-3-270m's), so that --draft auto finds them too. Each is still judged, and checked by fingerprint."""
+    from mlxspec.platform import cache_dir, models_dir
 
-    root = cache_dir() / "heads"
-    try:
-        return [(str(path), path) for path in sorted(root.iterdir()) if path.is_dir()]
-    except OSError:  # none yet
-        return []
+    found = []
+    for root in (cache_dir() / "heads", models_dir() / "heads"):
+        try:
+            found += [(str(path), path) for path in sorted(root.iterdir()) if path.is_dir()]
+        except OSError:  # none there
+            continue
+    return found
 
 
 def _snapshot_of(repo_dir: Path) -> Path | None:
@@ -331,7 +334,7 @@ def find_drafters(
     directory)) judged against the target, best first (matches before mismatches)."""
     facts = TargetFacts.of(target_path, target_name)
     broken: list[tuple[str, Path, str]] = []
-    snapshots = list(also) + trained_heads() + cached_snapshots(cache, broken)
+    snapshots = list(also) + local_heads() + cached_snapshots(cache, broken)
     found = _mtp_candidates(facts, snapshots)
     found += [Candidate("unreadable", repo, path, 0, False, why) for repo, path, why in broken]
     for repo, path in snapshots:
@@ -352,7 +355,10 @@ def pick(candidates: list[Candidate]) -> Candidate | None:
 def choice_line(chosen: Candidate | None, considered: int) -> str:
     if chosen is None:
         return f"--draft auto: no cached drafter fits this target ({considered} considered); prompt lookup drafts"
-    where = "shipped with mlxspec" if chosen.source == "embedded" else "from the cache"
+    from mlxspec.platform import models_dir
+
+    shipped = chosen.source == "embedded" or chosen.path.is_relative_to(models_dir())
+    where = "shipped with mlxspec" if shipped else "from the cache"
     return f"--draft auto: {chosen.flag} {chosen.source} {where} ({chosen.why})"
 
 

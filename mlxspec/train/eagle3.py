@@ -65,10 +65,16 @@ def aux_layers_for(num_layers: int) -> tuple[int, ...]:
     return 1, num_layers // 2, num_layers - 1
 
 
-def draft_vocabulary(stream: np.ndarray, vocab: int, size: int) -> np.ndarray:
-    """The `size` most frequent token ids of the training data, ascending (ties: the lower id)."""
-    counts = np.bincount(stream, minlength=vocab)[:vocab]
-    order = np.lexsort((np.arange(vocab), -counts))
+def draft_vocabulary(streams: list[np.ndarray], vocab: int, size: int) -> np.ndarray:
+    """The `size` most frequent token ids, ascending (ties: the lower id), each stream weighing the same whatever
+    its length: the self-distilled data, and the corpora they were prompted from. A few hundred thousand tokens of
+    training data name only a few thousand distinct tokens; the corpora (the stdlib's 3M tokens, the reference's
+    prose) fill a 32k hot vocabulary with what text of each kind uses, as FR-Spec ranks by corpus frequency."""
+    share = np.zeros(vocab)
+    for stream in streams:
+        if len(stream):
+            share += np.bincount(stream, minlength=vocab)[:vocab] / len(stream)
+    order = np.lexsort((np.arange(vocab), -share))
     return np.sort(order[:size])
 
 
@@ -148,7 +154,8 @@ def depth_agreement(head: Eagle3Head, embed, target: LoadedModel, windows: list[
 
 def eagle3_streams(target: LoadedModel, cfg: Eagle3TrainConfig, out_dir: Path, log: Callable[[str], None]):
     """(training tokens: greedy and sampled continuations of code and, for `english_share` of them, English
-    prompts; held-out greedy continuations of held-out code), each part cached in out_dir."""
+    prompts; held-out greedy continuations of held-out code; the corpora prompted from), the continuations cached
+    in out_dir."""
     from mlxspec.drafting.lookup.corpus import split_files
 
     train_files, heldout_files = split_files()
@@ -188,7 +195,7 @@ def eagle3_streams(target: LoadedModel, cfg: Eagle3TrainConfig, out_dir: Path, l
         log,
         "held-out data",
     )
-    return np.concatenate(parts), heldout
+    return np.concatenate(parts), heldout, [stream for stream, _ in corpora.values()]
 
 
 class TargetFeatures:
@@ -231,12 +238,12 @@ def train_eagle3(
     from mlxspec.decoding.target_features import output_cap, output_rows
 
     mx.random.seed(cfg.seed)
-    stream, heldout = eagle3_streams(target, cfg, out_dir, log)
+    stream, heldout, corpora = eagle3_streams(target, cfg, out_dir, log)
     if len(stream) <= cfg.seq_len:
         raise UserError(f"--seq-len {cfg.seq_len} is longer than the whole training text ({len(stream)} tokens)")
     vocab = int(text_config(target.config)["vocab_size"])
     size = min(vocab, cfg.draft_vocab or max(1, vocab // 4))
-    head = new_eagle3_head(target, draft_vocabulary(stream, vocab, size), cfg.target_rows)
+    head = new_eagle3_head(target, draft_vocabulary([stream, *corpora], vocab, size), cfg.target_rows)
     identity = {"kind": "eagle3", "base_model_identity": head.config.mlxspec["base_model_identity"], "vocab": size}
     identity["target_rows"] = cfg.target_rows
     ckpt = out_dir / "checkpoint"

@@ -46,6 +46,7 @@ class HydraTrainConfig:
     data: str = "self-distill"  # Hydra heads learn the target's own text only
     distill_sequences: int = 1024
     sampled_share: float = 0.5  # of the self-distilled sequences, this share sampled at T=0.7
+    english_share: float = 0.0  # of them, this share continues English prompts (the rest code)
     eval_windows: int = 32
 
     def validate(self, context_length: int | None = None) -> None:
@@ -86,7 +87,7 @@ def greedy_topk_accuracy(heads: HydraHeads, target: LoadedModel, windows: list[n
 
 def train_hydra(target: LoadedModel, out_dir: Path, cfg: HydraTrainConfig, log: Callable[[str], None] = print):
     mx.random.seed(cfg.seed)
-    stream, heldout = eagle3_streams(target, cfg, out_dir, log)
+    stream, heldout, _ = eagle3_streams(target, cfg, out_dir, log)
     if len(stream) <= cfg.seq_len:
         raise UserError(f"--seq-len {cfg.seq_len} is longer than the whole training text ({len(stream)} tokens)")
     config = MedusaConfig(
