@@ -64,6 +64,7 @@ class Speculator:
             raise UserError(f"prompt_cache {prompt_cache!r} must be a whole number of conversations to keep (0: off)")
         self.target = target
         self.draft = draft
+        self.truncate_hint = "truncate=True"  # how a too-long prompt's refusal names the fix (the CLI: --truncate)
         self.medusa = medusa  # MedusaHeads or None
         self.feature_head = feature_head  # feature_head.FeatureHead (EAGLE or MTP) or None
         self.dflash = dflash  # dflash_model.DFlashDraftModel or None
@@ -128,7 +129,7 @@ class Speculator:
         if not options.truncate:
             raise UserError(
                 f"the prompt has {len(tokens)} tokens but the model's context is {context}; "
-                "pass --truncate (truncate=True) to keep its last tokens, or shorten it"
+                f"pass {self.truncate_hint} to keep its last tokens, or shorten it"
             )
         keep = max(1, context - min(options.max_tokens, context // 2))
         stats.prompt_truncated_from = len(tokens)

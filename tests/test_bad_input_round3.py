@@ -418,3 +418,46 @@ def test_the_embedded_drafters_are_listed_and_named_as_an_install_understands(cl
     assert "0 considered" not in out and out.count("embedded") >= 3
     code, out, err = cli_run(*G, "--eagle", "embedded", "-k", "2", "--json")
     assert code == 0 and json.loads(out)["mode"] == "eagle", err
+
+
+# ---- rough edges: the words a refusal and a banner use, and a measurement that is never silent ----
+
+
+def test_a_too_long_prompt_is_refused_in_the_callers_own_words(cli_run, tiny_dirs):
+    """The CLI names its flag and not the Python keyword; the API names its keyword."""
+    code, _, err = cli_run("generate", "ab" * 30, "--model", tiny_dirs["target"], "--no-draft")
+    assert code == 2 and "--truncate" in err and "truncate=True" not in err, err
+    spec = mlxspec.load(tiny_dirs["target"], draft=None)
+    with pytest.raises(UserError, match=r"pass truncate=True to keep"):
+        spec.generate("ab" * 30, max_tokens=4)
+
+
+def test_the_chat_banner_names_the_model_not_its_folder(tmp_path):
+    from mlxspec.loading import DEFAULT_TARGET
+    from mlxspec.serve.chat import model_label
+
+    assert model_label(DEFAULT_TARGET) == "the embedded 11M model"
+    converted = tmp_path / "gemma-3-270m-q4_k_m-0123456789abcdef"
+    converted.mkdir()
+    (converted / "gguf_source.json").write_text(json.dumps({"gguf": "/models/gemma-3-270m-q4_k_m.gguf"}))
+    assert model_label(converted) == "gemma-3-270m-q4_k_m.gguf"
+    (converted / "gguf_source.json").write_text("not json")
+    assert model_label(converted) == converted.name
+
+
+def test_progress_on_a_pipe_says_when_a_long_job_starts_and_ends():
+    """On a terminal the line is rewritten in place; on a pipe (the first run's 90 s cost measurement under a
+    script), one plain line at the start and one at the end, never silence."""
+    import io
+
+    from mlxspec.progress import Progress
+
+    pipe = io.StringIO()
+    progress = Progress("measuring this device's verification cost", 4, stream=pipe)
+    for done in range(5):
+        progress.update(done)
+    progress.close()
+    lines = pipe.getvalue().splitlines()
+    assert len(lines) == 2 and "\r" not in pipe.getvalue()
+    assert lines[0] == "mlxspec: measuring this device's verification cost (4 parts)..."
+    assert lines[1].startswith("mlxspec: measuring this device's verification cost: done in ")

@@ -164,6 +164,7 @@ def _load(p: dict, options: DecodeOptions, prompt_chars: int, echo: Callable, pr
         distributed=p.get("distributed"),
         **settings,
     )
+    speculator.truncate_hint = "--truncate"
     return speculator
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from mlxspec.chat_template import encode_messages
@@ -118,7 +120,7 @@ def run_chat(
     def note(line: str) -> None:
         print(line, file=err, flush=True)
 
-    write(f"mlxspec chat with {speculator.target.path.name}; {HELP}.\n")
+    write(f"mlxspec chat with {model_label(speculator.target.path)}; {HELP}.\n")
     while True:
         try:
             line = read(">>> ").strip()
@@ -146,3 +148,19 @@ def run_chat(
                 note(f"mlxspec: error: {error}")
             if verbose and session.last_stats is not None:
                 write(stats_line(session.last_stats) + "\n")
+
+
+def model_label(path: Path) -> str:
+    """How the banner names the model: the embedded one as such (its directory is called `target`), a converted
+    GGUF by its file's name, any other by its directory."""
+    from mlxspec.loading import DEFAULT_TARGET
+
+    if path.resolve() == DEFAULT_TARGET.resolve():
+        return "the embedded 11M model"
+    marker = path / "gguf_source.json"
+    if marker.is_file():
+        try:
+            return Path(json.loads(marker.read_text())["gguf"]).name
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return path.name
