@@ -128,3 +128,16 @@ def test_bad_values_are_refused_in_one_line(args, named):
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0] and "Traceback" not in run.stderr, run.stderr
+
+
+def test_only_keeps_the_named_modes_and_refuses_a_word_that_keeps_none(tmp_path):
+    """--only shortens a run to the modes a table needs (the real model's README rows), in its order; a name that is
+    no mode is one line naming it and the modes there are."""
+    common = ("--modes", "plain,lookup", "--num-prompts", "1", "--max-tokens", "4", "--repeats", "1", "--temp", "0")
+    run = bench(*common, "--only", "mlxspec lookup k=4, mlxspec plain", cache=tmp_path)
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith(("mlxspec", "mlx-lm"))]
+    assert [row[:32].strip() for row in rows] == ["mlxspec lookup k=4", "mlxspec plain"], run.stdout
+    run = bench(*common, "--only", "mlxspec eagle k=4", cache=tmp_path)
+    last = run.stderr.strip().splitlines()[-1]  # (after the reference-BLAS warning this test's setting brings)
+    assert run.returncode == 2 and "--only names 'mlxspec eagle k=4'" in last and "Traceback" not in run.stderr

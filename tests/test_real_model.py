@@ -113,6 +113,67 @@ def test_the_first_sampled_token_follows_the_targets_law_with_lookup_drafting():
     assert chi_square_pvalue(counts, hotter) < ALPHA
 
 
+HEAD = ROOT / "models" / "heads" / "gemma-3-270m-eagle3"  # the hot-vocabulary EAGLE-3 head shipped for it
+
+
+@pytest.fixture(scope="module")
+def with_head():
+    import mlxspec
+
+    return mlxspec.load(CONVERTED, eagle=HEAD, prompt_cache=1)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [dict(num_draft=4), dict(num_draft="auto", lookup=True), dict(num_draft=3, tree_topk=2, tree_nodes=8)],
+    ids=["chain", "lookup+head", "tree"],
+)
+def test_the_shipped_head_drafts_greedy_output_equal_to_mlx_lms(with_head, changes):
+    """The head's output layer is the target's own rows of its 32k hot tokens: greedy output equals mlx-lm's, and
+    its drafts are really accepted (a head that drafted nothing useful would pass exactness alone)."""
+    accepted = 0
+    for prompt in PROMPTS:
+        ids = with_head.tokenizer.encode(prompt)
+        expected = mlx_lm_greedy(with_head.target.model, ids, TOKENS)
+        result = with_head.generate(ids, max_tokens=TOKENS, temperature=0.0, stop_at_eos=False, **changes)
+        assert_greedy_equal(with_head.target.model, ids, result.tokens, expected)
+        assert "eagle3" in result.stats.mode
+        accepted += result.stats.accepted
+    assert accepted >= TOKENS // 2, accepted
+
+
+def test_draft_auto_finds_the_shipped_head_for_the_converted_model():
+    import mlxspec
+
+    spec = mlxspec.load(CONVERTED)
+    assert spec.drafter_choice["chosen"]["source"] == str(HEAD), spec.drafter_choice
+    result = spec.generate(PROMPTS[1], max_tokens=8, temperature=0.0)
+    assert "eagle3" in result.stats.mode and result.stats.drafted > 0
+
+
+def test_the_second_sampled_token_follows_the_targets_law_with_the_head_drafting(with_head):
+    """The second token is the first the head drafts and verification decides, so its law is the exactness that
+    matters (a draft q that is zero off the hot vocabulary must still let every token out at the target's rate).
+    800 draws at T=1 from a prompt whose first token is nearly fixed; the draws whose first token is the likeliest
+    one are compared with the target's law given it (chi-square, false alarm 1e-3); the power check: the same
+    counts against that law at T=1.3 fail it."""
+    import mlx.core as mx
+    from stats import ALPHA, chi_square_pvalue
+
+    prompt = with_head.tokenizer.encode("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,")
+    first = int(mx.argmax(with_head.target.model(mx.array(prompt)[None])[0, -1]))
+    logits = with_head.target.model(mx.array(prompt + [first])[None])[0, -1].astype(mx.float32)
+    counts, drafted, accepted = np.zeros(logits.shape[0]), 0, 0
+    for seed in range(800):
+        result = with_head.generate(prompt, max_tokens=2, temperature=1.0, seed=seed, num_draft=2)
+        drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+        if len(result.tokens) == 2 and result.tokens[0] == first:
+            counts[result.tokens[1]] += 1
+    assert counts.sum() >= 600 and drafted > 0 and accepted > 0, (counts.sum(), drafted, accepted)
+    assert chi_square_pvalue(counts, np.array(mx.softmax(logits))) > ALPHA
+    assert chi_square_pvalue(counts, np.array(mx.softmax(logits / 1.3))) < ALPHA
+
+
 def test_generate_converts_a_gguf_once_and_says_where(tmp_path):
     import subprocess
     import sys

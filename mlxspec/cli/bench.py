@@ -109,6 +109,12 @@ MODE_OPTIONS = [
     ),
     click.option("--temp", "temps", type=float, multiple=True, help="Temperature(s) [0 and 0.7]."),
     click.option("--top-p", type=float, default=1.0, show_default=True),
+    click.option(
+        "--only",
+        default=None,
+        help="Run only these modes, comma-separated as the table names them, the first the baseline "
+        "(e.g. 'mlxspec plain,mlxspec lookup k=auto').",
+    ),
 ]
 WORKLOAD_OPTIONS = [
     click.option("--prompts", "prompts_file", default=None, help="JSONL prompts [default: held-out stdlib files]."),
@@ -270,6 +276,12 @@ def run_and_report(
     mode_fns = runner.build_modes(
         speculator, num_drafts, families, medusa, eagle=eagle, lookup_ks=lookup_ks, dflash=dflash
     )
+    if p.get("only"):  # a shorter run: these modes, by the names the table prints, in this order
+        names = [w.strip() for w in p["only"].split(",") if w.strip()]
+        unknown = next((name for name in names if name not in mode_fns), None)
+        if unknown is not None or not names:
+            raise UserError(f"--only names {unknown!r}, which is not a mode here; choose from {', '.join(mode_fns)}")
+        mode_fns = {name: mode_fns[name] for name in names}
     max_tokens, everything, by_temp = p["max_tokens"], {}, {}
     timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
     click.echo(
