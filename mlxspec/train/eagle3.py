@@ -93,6 +93,9 @@ def new_eagle3_head(target: LoadedModel, draft_ids: np.ndarray, target_rows: boo
         rope_theta=float(own.get("rope_theta") or (own.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         max_position_embeddings=int(own.get("max_position_embeddings") or 4096),
         aux_layer_ids=aux_layers_for(int(own["num_hidden_layers"])),
+        # Each tap RMS-normed before fc (the speculators variant): Gemma's residual stream grows from RMS 37 at
+        # layer 2 to 641 at layer 15 (peaks of 86k), and raw taps that size drown what the layer adds.
+        fc_norm=True,
         base_model=target.path.name,
         mlxspec={"base_model_identity": base_model_identity(target.path), **({"lm_head": "target"} if target_rows else {})},
     )

@@ -1,0 +1,81 @@
+"""Where one plain decoding step of a converted model goes, on this machine: the whole step, the decoder layers
+alone, the output projection alone, and the floor that memory bandwidth sets for reading the weights once.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 python scripts/profile_real_step.py \
+        .real/gemma-3-270m [--quantize 4]
+
+Prints one JSON object. Medians of 40 timed repeats after 5 warm-ups, each forced with mx.eval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from mlxspec.decoding.target_features import output_head, text_model
+from mlxspec.loading import load_model
+
+
+def median_seconds(fn, repeats: int = 40, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        mx.eval(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--quantize", type=int, default=None)
+    args = parser.parse_args()
+    target = load_model(args.model, quantize_bits=args.quantize)
+    model = target.model
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    prompt = mx.array([[2] + list(range(1000, 1127))])
+    mx.eval(model(prompt, cache=cache))
+    token = mx.array([[1234]])
+
+    def step():  # one decoding step at a fixed context: the cache grows by one and is trimmed back
+        out = model(token, cache=cache)
+        for layer_cache in cache:
+            layer_cache.trim(1)
+        return out
+
+    def trunk():
+        out = text_model(model).model(token, cache=cache)
+        for layer_cache in cache:
+            layer_cache.trim(1)
+        return out
+
+    hidden = mx.random.normal((1, 1, int(target.config["hidden_size"])))
+    head = output_head(model)
+    weights = dict(tree_flatten(model.parameters()))
+    weight_bytes = sum(v.nbytes for v in weights.values())
+    big = mx.ones((256 * 1024 * 1024,), dtype=mx.float32)  # 1 GiB, read once per repeat
+    read = median_seconds(lambda: mx.sum(big), repeats=10)
+    result = {
+        "model": str(args.model),
+        "quantize": args.quantize,
+        "step_ms": 1000 * median_seconds(step),
+        "decoder_layers_ms": 1000 * median_seconds(trunk),
+        "output_projection_ms": 1000 * median_seconds(lambda: head(hidden)),
+        "weights_MiB": weight_bytes / 2**20,
+        "read_GiB_per_s": 1 / read,
+        "bandwidth_floor_ms": 1000 * weight_bytes / 2**30 * read,
+    }
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
