@@ -64,6 +64,14 @@ def test_a_target_rows_head_stores_no_output_layer_decodes_exactly_and_refuses_a
     assert code == 0, err
     result = json.loads(drafted)
     assert result["tokens"] == json.loads(plain)["tokens"] and result["stats"]["drafted"] > 0
+    # Three steps leave it weak: --draft auto lists it and passes it over, naming its recorded acceptance...
+    code, listed, err = cli_run("drafters", "--model", target_dir, "--json")
+    assert code == 0 and json.loads(listed)["pick"] is None, listed + err
+    (ours,) = [c for c in json.loads(listed)["candidates"] if c["source"] == str(out)]
+    assert "held-out acceptance" in ours["why"] and "too low to pay" in ours["why"]
+    # ...and takes it once its record says it pays.
+    raw["mlxspec"]["acceptance"] = [0.8, 0.7]
+    (out / "config.json").write_text(json.dumps(raw))
     code, listed, err = cli_run("drafters", "--model", target_dir, "--json")
     assert code == 0 and json.loads(listed)["pick"]["source"] == str(out), listed + err
     code, auto, err = cli_run(*common, "--draft", "auto", "-k", "3")

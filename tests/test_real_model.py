@@ -142,13 +142,19 @@ def test_the_shipped_head_drafts_greedy_output_equal_to_mlx_lms(with_head, chang
     assert accepted >= TOKENS // 2, accepted
 
 
-def test_draft_auto_finds_the_shipped_head_for_the_converted_model():
+def test_draft_auto_weighs_the_shipped_head_and_keeps_lookup_while_it_cannot_pay():
+    """The shipped head is found for the converted model, and passed over by name: its recorded held-out acceptance
+    (0.39) is below what pays (it ran at 0.90-0.95x plain), so the default stays prompt lookup."""
     import mlxspec
 
     spec = mlxspec.load(CONVERTED)
-    assert spec.drafter_choice["chosen"]["source"] == str(HEAD), spec.drafter_choice
+    assert spec.drafter_choice["chosen"] is None, spec.drafter_choice
+    from mlxspec.drafting.discovery import find_drafters
+
+    (head,) = [c for c in find_drafters(CONVERTED, str(CONVERTED)) if c.path == HEAD]
+    assert not head.matches and "held-out acceptance 0.39" in head.why
     result = spec.generate(PROMPTS[1], max_tokens=8, temperature=0.0)
-    assert "eagle3" in result.stats.mode and result.stats.drafted > 0
+    assert result.stats.mode.startswith("lookup")
 
 
 def test_the_second_sampled_token_follows_the_targets_law_with_the_head_drafting(with_head):

@@ -266,8 +266,28 @@ def _judge_eagle3(repo: str, path: Path, config: dict, facts: TargetFacts, size:
     verifier = model_name(parsed.base_model) if parsed.base_model else ""
     if not wrong and verifier and verifier != facts.name and verifier not in facts.name:
         wrong = f"made for '{parsed.base_model}'"
+    if not wrong:
+        wrong = _too_weak(parsed.mlxspec.get("acceptance"))
     named = bool(verifier) or _named_for(facts, repo, r"^eagle-?3-?|-eagle-?3.*$")
     return Candidate("eagle3", repo, path, size, not wrong, wrong or _sizes_match(named), named and not wrong)
+
+
+# A head of ours records its held-out, teacher-forced depth-1 acceptance. The Gemma 3 270M head recorded 0.39 and
+# accepted 0.13-0.16 live, at 0.90-0.95x plain decoding (docs/benchmarks.md), so --draft auto takes a head only
+# from this acceptance up; below it, prompt lookup drafts (and --eagle still runs the head by hand).
+MIN_HEAD_ACCEPTANCE = 0.5
+
+
+def _too_weak(acceptance: Any) -> str:
+    """Why a head of ours is too weak for --draft auto to pick ("" when it is not, or records nothing)."""
+    if not isinstance(acceptance, list) or not acceptance or not isinstance(acceptance[0], (int, float)):
+        return ""
+    if acceptance[0] >= MIN_HEAD_ACCEPTANCE:
+        return ""
+    return (
+        f"its held-out acceptance {acceptance[0]:.2f} is below {MIN_HEAD_ACCEPTANCE}, too low to pay "
+        "(--eagle runs it anyway)"
+    )
 
 
 def _vocabulary_key(path: Path) -> tuple | None:
