@@ -41,9 +41,9 @@ def test_borrowed_rows_give_the_targets_own_logits_of_those_tokens(family, bits)
 
 def test_a_target_rows_head_stores_no_output_layer_decodes_exactly_and_refuses_a_shipped_one(cli_run, tmp_path):
     """train-heads --kind eagle3 --target-rows on a tiny Gemma 3 target (tied output, sliding windows), with English
-    prompts in its data, written under mlxspec's cache heads/: no lm_head in the file, its config says so, --eagle and
---draft auto (which finds it there) decode as plainly; the same head
-    given an lm_head of its own is refused by name."""
+    prompts in its data, written under mlxspec's cache heads/: no lm_head in the file, its config says so, --eagle
+    decodes as plainly; --draft auto weighs it by its recorded acceptance; the same head given an lm_head of its own
+    is refused by name."""
     target_dir = save_tiny_model_dir(tmp_path / "target", "gemma3_text", seed=1, num_hidden_layers=4)
     out = Path(os.environ["MLXSPEC_CACHE"]) / "heads" / "hot"  # where --draft auto looks for trained heads
     code, _, err = cli_run(
@@ -98,3 +98,9 @@ def test_training_reads_cached_target_features(tmp_path):
     assert np.array_equal(first.taps, np.array(taps))
     assert first.final.shape == (3, 16, target.config["hidden_size"])
     assert dict(tree_flatten(target.model.parameters()))  # the target is untouched
+
+
+def test_a_window_no_longer_than_the_prompts_is_refused_before_loading(cli_run, tmp_path):
+    """mlx-lm's batch generator raised a ValueError traceback for a continuation of 0 tokens."""
+    code, out, err = cli_run("train-heads", "--kind", "eagle3", "--out", tmp_path / "h", "--seq-len", "64")
+    assert code == 2 and "--seq-len 64 leaves nothing to generate" in err and "Traceback" not in err, err

@@ -14,7 +14,7 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_progress_shows_an_eta_on_a_terminal_and_nothing_in_a_pipe():
+def test_progress_shows_an_eta_on_a_terminal_and_a_start_and_end_line_in_a_pipe():
     shown, piped = Terminal(), io.StringIO()
     for stream in (shown, piped):
         progress = Progress("measuring", 4, stream=stream)
@@ -22,7 +22,9 @@ def test_progress_shows_an_eta_on_a_terminal_and_nothing_in_a_pipe():
         progress.update(2)
         progress.close()
     assert "mlxspec: measuring 2/4, ETA" in shown.getvalue() and shown.getvalue().endswith("\r")
-    assert piped.getvalue() == ""
+    # Issue 36: a pipe once got nothing, and the first run's 90 s measurement was silent; now two plain lines.
+    assert piped.getvalue().startswith("mlxspec: measuring (4 parts)...\nmlxspec: measuring: done in ")
+    assert "\r" not in piped.getvalue() and len(piped.getvalue().splitlines()) == 2
 
 
 def test_the_api_warns_about_reference_blas_once(monkeypatch):

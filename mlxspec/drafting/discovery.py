@@ -88,18 +88,14 @@ def cached_snapshots(cache: Path | None = None, broken: list[tuple[str, Path, st
 
 
 def local_heads() -> list[tuple[str, Path]]:
-    """(directory, directory) of each drafter under mlxspec's cache `heads/` (where `train-heads --out` puts a head
-    for a model of the user's own) and under the `heads/` shipped in models/ (heads for published models, such as
-    google/gemma-3-270m's), so that --draft auto finds them too. Each is still judged, and checked by fingerprint."""
-    from mlxspec.platform import cache_dir, models_dir
+    """(directory, directory) of each drafter under mlxspec's cache `heads/`, where `train-heads --out` puts a head
+    for a model of the user's own (models/recipes/gemma_head.sh puts the real Gemma's there)."""
+    from mlxspec.platform import cache_dir
 
-    found = []
-    for root in (cache_dir() / "heads", models_dir() / "heads"):
-        try:
-            found += [(str(path), path) for path in sorted(root.iterdir()) if path.is_dir()]
-        except OSError:  # none there
-            continue
-    return found
+    try:
+        return [(str(path), path) for path in sorted((cache_dir() / "heads").iterdir()) if path.is_dir()]
+    except OSError:  # none yet
+        return []
 
 
 def _snapshot_of(repo_dir: Path) -> Path | None:
@@ -272,9 +268,8 @@ def _judge_eagle3(repo: str, path: Path, config: dict, facts: TargetFacts, size:
     return Candidate("eagle3", repo, path, size, not wrong, wrong or _sizes_match(named), named and not wrong)
 
 
-# A head of ours records its held-out, teacher-forced depth-1 acceptance. The Gemma 3 270M head recorded 0.39 and
-# accepted 0.13-0.16 live, at 0.90-0.95x plain decoding (docs/benchmarks.md), so --draft auto takes a head only
-# from this acceptance up; below it, prompt lookup drafts (and --eagle still runs the head by hand).
+# Our heads record their held-out depth-1 acceptance. The Gemma 3 270M head recorded 0.39, accepted 13-16% live
+# and ran at 0.90-0.95x plain (docs/benchmarks.md): --draft auto takes a head from this acceptance up.
 MIN_HEAD_ACCEPTANCE = 0.5
 
 
@@ -284,10 +279,8 @@ def _too_weak(acceptance: Any) -> str:
         return ""
     if acceptance[0] >= MIN_HEAD_ACCEPTANCE:
         return ""
-    return (
-        f"its held-out acceptance {acceptance[0]:.2f} is below {MIN_HEAD_ACCEPTANCE}, too low to pay "
-        "(--eagle runs it anyway)"
-    )
+    floor = MIN_HEAD_ACCEPTANCE
+    return f"its held-out acceptance {acceptance[0]:.2f} is below {floor}, too low to pay (--eagle runs it)"
 
 
 def _vocabulary_key(path: Path) -> tuple | None:
@@ -375,10 +368,7 @@ def pick(candidates: list[Candidate]) -> Candidate | None:
 def choice_line(chosen: Candidate | None, considered: int) -> str:
     if chosen is None:
         return f"--draft auto: no cached drafter fits this target ({considered} considered); prompt lookup drafts"
-    from mlxspec.platform import models_dir
-
-    shipped = chosen.source == "embedded" or chosen.path.is_relative_to(models_dir())
-    where = "shipped with mlxspec" if shipped else "from the cache"
+    where = "shipped with mlxspec" if chosen.source == "embedded" else "from the cache"
     return f"--draft auto: {chosen.flag} {chosen.source} {where} ({chosen.why})"
 
 

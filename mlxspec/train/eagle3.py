@@ -50,6 +50,13 @@ class Eagle3TrainConfig(EagleTrainConfig):
         super().validate(context_length)
         if not 0.0 <= self.sampled_share <= 1.0:
             raise UserError(f"--sampled-share {self.sampled_share} must be between 0 and 1")
+        from mlxspec.train.medusa import DISTILL_PROMPT
+
+        if self.seq_len <= DISTILL_PROMPT:  # each self-distilled sequence: a prompt of that many, then its continuation
+            raise UserError(
+                f"--seq-len {self.seq_len} leaves nothing to generate after the {DISTILL_PROMPT}-token prompts; "
+                f"use at least {DISTILL_PROMPT + 8}"
+            )
         if not 0.0 <= self.english_share <= 1.0:
             raise UserError(f"--english-share {self.english_share} must be between 0 and 1")
 
@@ -97,7 +104,10 @@ def new_eagle3_head(target: LoadedModel, draft_ids: np.ndarray, target_rows: boo
         # layer 2 to 641 at layer 15 (peaks of 86k), and raw taps that size drown what the layer adds.
         fc_norm=True,
         base_model=target.path.name,
-        mlxspec={"base_model_identity": base_model_identity(target.path), **({"lm_head": "target"} if target_rows else {})},
+        mlxspec={
+            "base_model_identity": base_model_identity(target.path),
+            **({"lm_head": "target"} if target_rows else {}),
+        },
     )
     head = Eagle3Head(config)
     ids = mx.array(draft_ids, dtype=mx.int32)
@@ -184,7 +194,15 @@ def eagle3_streams(target: LoadedModel, cfg: Eagle3TrainConfig, out_dir: Path, l
             cached = out_dir / (f"{kind}.npy" if name == "code" else f"{name}-{kind}.npy")
             parts.append(
                 distilled_stream(
-                    target, stream, cfg, share, cfg.seed + seed + offset, cached, log, label, temperature,
+                    target,
+                    stream,
+                    cfg,
+                    share,
+                    cfg.seed + seed + offset,
+                    cached,
+                    log,
+                    label,
+                    temperature,
                     openings[:share],
                 )
             )
@@ -203,8 +221,9 @@ def eagle3_streams(target: LoadedModel, cfg: Eagle3TrainConfig, out_dir: Path, l
 
 class TargetFeatures:
     """The frozen target's taps and final hidden state for every training window, computed once (float32: Gemma's
-    residual stream overflows float16; cached in out_dir), so that a training step costs the head alone: the target's logits of the draft vocabulary are the
-    final hidden state times its output rows (a 262k-token output layer is most of a small target's forward)."""
+    residual stream overflows float16; cached in out_dir), so that a training step costs the head alone: the
+    target's logits of the draft vocabulary are the final hidden state times its output rows (a 262k-token output
+    layer is most of a small target's forward)."""
 
     def __init__(self, target: LoadedModel, windows: np.ndarray, taps: tuple[int, ...], out_dir: Path, log) -> None:
         from mlxspec.decoding.target_features import final_norm
