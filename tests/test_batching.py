@@ -92,6 +92,7 @@ def test_the_caches_a_finished_row_leaves_equal_plain_decodings(embedded):
         assert_cache_equals_plain(spec)
 
 
+@pytest.mark.slow  # 70 s; the whole suite runs it
 def test_a_sampled_row_follows_the_target_law_beside_other_rows(tiny_dirs):
     """2000 batches, each a sampled row (T=1, 3 tokens, vocab 8) beside a greedy row and a sampled row with
     another seed: the first row's counts against the enumerated law (false alarm 1e-3), and against the law of

@@ -130,6 +130,7 @@ def test_bad_values_are_refused_in_one_line(args, named):
     assert len(lines) == 1 and named in lines[0] and "Traceback" not in run.stderr, run.stderr
 
 
+@pytest.mark.slow
 def test_only_keeps_the_named_modes_and_refuses_a_word_that_keeps_none(tmp_path):
     """--only shortens a run to the modes a table needs (the real model's README rows), in its order; a name that is
     no mode is one line naming it and the modes there are."""

@@ -39,6 +39,7 @@ def test_borrowed_rows_give_the_targets_own_logits_of_those_tokens(family, bits)
     assert np.allclose(np.array(ours), np.array(logits[..., ids]), atol=2e-4), family
 
 
+@pytest.mark.slow
 def test_a_target_rows_head_stores_no_output_layer_decodes_exactly_and_refuses_a_shipped_one(cli_run, tmp_path):
     """train-heads --kind eagle3 --target-rows on a tiny Gemma 3 target (tied output, sliding windows), with English
     prompts in its data, written under mlxspec's cache heads/: no lm_head in the file, its config says so, --eagle

@@ -75,7 +75,13 @@ def test_a_hydra_tree_holds_each_nodes_own_guesses():
     assert depth_two >= 2 and len({parents[n] for n in range(1, len(parents)) if parents[n] > 0}) == 2
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)], ids=["T1", "T0.7-top-p"])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        pytest.param(SamplingConfig(1.0), id="T1"),
+        pytest.param(SamplingConfig(0.7, top_p=0.9), id="T0.7-top-p", marks=pytest.mark.slow),  # T1 stays quick
+    ],
+)
 def test_hydra_tree_samples_follow_the_target_distribution(sampling):
     """Chi-square of 3000 seeded runs (3 tokens, vocab 8) against the enumerated law; false alarm 1e-3."""
     target = make_tiny("llama", seed=0, logit_scale=3.0)
