@@ -50,13 +50,6 @@ class Eagle3TrainConfig(EagleTrainConfig):
         super().validate(context_length)
         if not 0.0 <= self.sampled_share <= 1.0:
             raise UserError(f"--sampled-share {self.sampled_share} must be between 0 and 1")
-        from mlxspec.train.medusa import DISTILL_PROMPT
-
-        if self.seq_len <= DISTILL_PROMPT:  # each self-distilled sequence: a prompt of that many, then its continuation
-            raise UserError(
-                f"--seq-len {self.seq_len} leaves nothing to generate after the {DISTILL_PROMPT}-token prompts; "
-                f"use at least {DISTILL_PROMPT + 8}"
-            )
         if not 0.0 <= self.english_share <= 1.0:
             raise UserError(f"--english-share {self.english_share} must be between 0 and 1")
 
