@@ -67,9 +67,11 @@ class Stats:
     def line(self) -> str:
         """The one stats line (generate -v, chat, the server's log): key=value pairs a script can split."""
         tree = f"tree_nodes={self.tree_nodes} " if self.tree_nodes else ""
+        # Nothing drafted or generated has no rate: "-" rather than a 0.00 that reads as a failing drafter
+        alpha = f"{self.acceptance_rate:.2f}" if self.drafted else "-"
+        tau = f"{self.tokens_per_target_call:.2f}" if self.generated_tokens else "-"
         return (
-            f"mode={self.mode} k={self.num_draft} seed={self.seed} "
-            f"alpha={self.acceptance_rate:.2f} tau={self.tokens_per_target_call:.2f} "
+            f"mode={self.mode} k={self.num_draft} seed={self.seed} alpha={alpha} tau={tau} "
             f"gen={self.tokens_per_second:.1f} tok/s prompt={self.prompt_tokens_per_second:.1f} tok/s "
             f"tokens={self.generated_tokens} target_calls={self.target_calls} {tree}"
             f"kernel={self.kernel.split(' ')[0].rstrip(':') or 'off'} "

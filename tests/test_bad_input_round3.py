@@ -461,3 +461,32 @@ def test_progress_on_a_pipe_says_when_a_long_job_starts_and_ends():
     assert len(lines) == 2 and "\r" not in pipe.getvalue()
     assert lines[0] == "mlxspec: measuring this device's verification cost (4 parts)..."
     assert lines[1].startswith("mlxspec: measuring this device's verification cost: done in ")
+
+
+def test_a_text_the_model_ends_at_once_says_so_and_reports_no_rate(cli_run):
+    """A file ending in `main()` makes the embedded model emit end-of-text first: no tokens, so `-v` reports no
+    rate (it said tau=0.00, which reads as a drafter that failed) and a line says why the output is empty."""
+    source = b'import os\n\n\ndef main():\n    print(os.getcwd())\n\n\nif __name__ == "__main__":\n    main()\n'
+    code, out, err = cli_run("generate", "-", "--lookup", "-k", "4", "--max-tokens", "16", "-v", stdin=source)
+    assert code == 0 and out.strip() == "", err
+    assert "the model ended the text at once" in err
+    stats = next(line for line in err.splitlines() if line.startswith("mode="))
+    assert "tau=- " in stats and "tokens=0 " in stats, stats
+
+
+def test_import_from_a_checkouts_parent_directory_finds_the_package_not_the_folder(tmp_path):
+    """`git clone … mlxspec` leaves a folder named mlxspec in the current directory; an editable install used to
+    import it as an empty namespace package (`module 'mlxspec' has no attribute 'load'`)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "mlxspec").symlink_to(Path(__file__).resolve().parents[1], target_is_directory=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import mlxspec; print(mlxspec.load.__module__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "mlxspec.api", proc.stderr[-1000:]

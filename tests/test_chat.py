@@ -101,3 +101,39 @@ def test_dropping_the_oldest_turn_is_said_on_stderr():
     assert run.returncode == 0, run.stderr
     assert "mlxspec: the oldest turn was dropped to leave room for an answer in the 512-token context" in run.stderr
     assert "dropped" not in run.stdout
+
+
+def test_the_next_turn_goes_on_from_the_tokens_generated_not_a_re_encoding():
+    """A sampled answer may be split into tokens that encoding its text would not give; the next turn's prompt keeps
+    the generated tokens, so the prompt cache reuses the whole answer (it reused 17 of 58 tokens before)."""
+    import types
+
+    import mlxspec
+    from mlxspec.results import Chunk
+    from mlxspec.serve.chat import ChatSession
+
+    spec = mlxspec.load(draft=None)
+    tokenizer = spec.tokenizer
+    answer = "    return a + b"
+    split = [i for character in answer for i in tokenizer.encode(character, add_special_tokens=False)]
+    assert split != tokenizer.encode(answer, add_special_tokens=False) and tokenizer.decode(split) == answer
+    fed: list[list[int]] = []
+
+    def stream(tokens):
+        fed.append(list(tokens))
+        yield Chunk(text=answer, tokens=split, finish_reason="stop")
+
+    stub = types.SimpleNamespace(
+        tokenizer=tokenizer, target=spec.target, options=spec.options, prompt_cache=None, stream=stream, last_stats=None
+    )
+    session = ChatSession(stub)
+    session.answer(PROMPT, write=lambda text: None, stop=threading.Event(), note=print)
+    session.answer("and subtract?", write=lambda text: None, stop=threading.Event(), note=print)
+    assert fed[1][: len(fed[0]) + len(split)] == fed[0] + split
+    # The rest is the template's own text: decoding the whole gives what the template renders
+    assert tokenizer.decode(fed[1]) == tokenizer.decode(
+        tokenizer.apply_chat_template(session.messages[:-1], add_generation_prompt=True)
+    )
+    session.reset()
+    session.answer(PROMPT, write=lambda text: None, stop=threading.Event(), note=print)
+    assert fed[2] == fed[0]

@@ -162,7 +162,10 @@ def test_a_draft_whose_tokenizer_grew_keeps_its_acceptance(grown_draft):
     assert tau["cross"] > 1.8 and tau["cross"] > 0.8 * tau["same"], tau
 
 
-@pytest.mark.parametrize("temperature, top_p", [pytest.param(1.0, 1.0, marks=pytest.mark.slow), (0.7, 0.9)])
+@pytest.mark.parametrize(
+    "temperature, top_p",
+    [pytest.param(1.0, 1.0, marks=pytest.mark.slow), pytest.param(0.7, 0.9, marks=pytest.mark.slow)],
+)
 def test_sampled_cross_tokenizer_drafting_follows_the_target_law(tiny_dirs, tmp_path, temperature, top_p):
     """2000 seeded runs of 3 tokens (vocabulary 8) drafted by the target's own weights behind another tokenizer
     ("h" where the target has "g": 7 of 8 tokens shared, so "g" is never drafted and comes only from the residual):

@@ -135,7 +135,7 @@ def test_trained_drafts_are_accepted_exact_and_the_drafter_cache_matches_a_fresh
 @pytest.mark.parametrize(
     "sampling, topk",
     [
-        pytest.param(SamplingConfig(1.0), 1, id="chain-T1"),
+        pytest.param(SamplingConfig(1.0), 1, id="chain-T1", marks=pytest.mark.slow),
         pytest.param(SamplingConfig(0.7, top_p=0.9), 1, id="chain-T0.7-top-p", marks=pytest.mark.slow),
         pytest.param(SamplingConfig(1.0), 2, id="ddtree-T1", marks=pytest.mark.slow),
         pytest.param(SamplingConfig(0.7, top_p=0.9), 2, id="ddtree-T0.7-top-p", marks=pytest.mark.slow),

@@ -130,7 +130,7 @@ def test_after_rejections_the_head_cache_equals_one_built_from_the_whole_history
 @pytest.mark.parametrize(
     "sampling",
     [
-        pytest.param(SamplingConfig(1.0), id="T1"),
+        pytest.param(SamplingConfig(1.0), id="T1", marks=pytest.mark.slow),
         pytest.param(SamplingConfig(0.7, top_p=0.9), id="T0.7-top-p", marks=pytest.mark.slow),
     ],
 )

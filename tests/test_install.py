@@ -132,3 +132,16 @@ def test_without_a_compiler_the_install_succeeds_and_says_it_runs_without_the_ke
     assert len(lines) == 1 and lines[0].startswith("mlxspec: running without the verify kernel: not built"), lines
     out = json.loads(gen.stdout)
     assert out["stats"]["kernel"].startswith("unavailable") and len(out["tokens"]) == 8
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: no kernel is built to reuse")
+def test_building_again_reuses_the_kernel_built_before(wheel, tmp_path):
+    """`pip install -e ".[serve]"` after `pip install -e .` rebuilt the kernel (60-112 s): a build now reuses the one
+    kept under build/kernel-cache for the same sources, MLX, Python and compiler, and says so in its log."""
+    again, log = build_wheel(tmp_path / "again")
+    assert "mlxspec: reusing the verify kernel built earlier" in log, log[-2000:]
+    kernels = [
+        sorted((n, zipfile.ZipFile(path).read(n)) for n in zipfile.ZipFile(path).namelist() if "_verify_kernel" in n)
+        for path in (wheel, again)
+    ]
+    assert kernels[0] and kernels[0] == kernels[1]

@@ -251,6 +251,8 @@ def report(stats, verbose: bool, echo: Callable) -> None:
         hint = fast_blas_hint() if "decoding plainly" in stats.note else None
         if hint:
             echo(hint, err=True)
+    if stats.generated_tokens == 0 and stats.target_calls:
+        echo("mlxspec: the model ended the text at once (its first token was end-of-text); nothing to show", err=True)
     if verbose:
         echo(stats.line(), err=True)
 

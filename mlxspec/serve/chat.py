@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from mlxspec.chat_template import encode_messages
+from mlxspec.chat_template import encode_messages, render_messages
 from mlxspec.errors import UserError
 
 HELP = "/reset starts over, /stats shows the last answer's numbers, /exit leaves; Ctrl-C stops an answer"
@@ -47,6 +47,10 @@ class ChatSession:
         self.start = [{"role": "system", "content": system}] if system else []
         self.messages = list(self.start)
         self.last_stats = None
+        # The conversation's text through the last answer, and the tokens that produced it: the next turn goes on
+        # from the tokens generated, which a re-encoding of the answer's text may split otherwise (and then the
+        # prompt cache would reuse little of the answer).
+        self.said: tuple[str, list[int]] | None = None
         if system:  # a system message that leaves no room for a turn is its own fault, said once, up front
             tokens = encode_messages(speculator.tokenizer, self.start, speculator.target.path)
             context = speculator.target.context_length
@@ -63,6 +67,7 @@ class ChatSession:
 
     def reset(self) -> None:
         self.messages = list(self.start)
+        self.said = None
         if self.spec.prompt_cache is not None:
             self.spec.prompt_cache.clear()
 
@@ -70,7 +75,9 @@ class ChatSession:
         """The conversation's tokens, dropping its oldest turns while it leaves no room for an answer."""
         context = self.spec.target.context_length
         while True:
-            tokens = encode_messages(self.spec.tokenizer, self.messages, self.spec.target.path)
+            tokens = self.continued_tokens() or encode_messages(
+                self.spec.tokenizer, self.messages, self.spec.target.path
+            )
             if context is None or len(tokens) + self.room() <= context:
                 return tokens
             oldest = len(self.start)
@@ -78,6 +85,17 @@ class ChatSession:
                 raise UserError(f"this message is {len(tokens)} tokens, too long for the {context}-token context")
             del self.messages[oldest : oldest + 2]  # the oldest question and its answer
             note(f"mlxspec: the oldest turn was dropped to leave room for an answer in the {context}-token context")
+
+    def continued_tokens(self) -> list[int] | None:
+        """The conversation's tokens as the last answer's tokens followed by the encoded rest, when the template
+        renders that answer unchanged (None otherwise, or when a turn was dropped)."""
+        if self.said is None:
+            return None
+        text = render_messages(self.spec.tokenizer, self.messages, self.spec.target.path)
+        said_text, said_tokens = self.said
+        if not text.startswith(said_text):
+            return None
+        return said_tokens + list(self.spec.tokenizer.encode(text[len(said_text) :], add_special_tokens=False))
 
     def answer(
         self, text: str, write: Callable[[str], None], stop: threading.Event, note: Callable[[str], None] = print
@@ -90,16 +108,22 @@ class ChatSession:
         except UserError:
             self.messages.pop()
             raise
-        pieces = []
+        pieces: list[str] = []
+        generated: list[int] = []
         with contextlib.closing(self.spec.stream(tokens)) as chunks:
             for chunk in chunks:
                 write(chunk.text)
                 pieces.append(chunk.text)
+                generated.extend(chunk.tokens)
                 if stop.is_set():
                     write(" [stopped]")
                     break
         write("\n")
-        self.messages.append({"role": "assistant", "content": "".join(pieces)})
+        answer = "".join(pieces)
+        asked = render_messages(self.spec.tokenizer, self.messages, self.spec.target.path)
+        # A stop string cuts the text short of the tokens: then the next turn re-encodes the answer
+        self.said = (asked + answer, tokens + generated) if self.spec.tokenizer.decode(generated) == answer else None
+        self.messages.append({"role": "assistant", "content": answer})
         self.last_stats = self.spec.last_stats
 
 
