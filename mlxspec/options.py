@@ -16,6 +16,8 @@ from mlxspec.errors import UserError
 # Logits are divided by the temperature in float32: far below this they overflow to inf and the law becomes NaN.
 MIN_TEMPERATURE = 1e-6
 KERNEL_CHOICES = ("auto", "on", "off")  # the verify kernel (kernels/verify.py): on where built, always, never
+ACCEPTANCE_CHOICES = ("coupled", "residual")  # how sampled drafts are verified (DecodeOptions.acceptance)
+MAX_CONTEXT_SIZE = 1 << 20  # a penalty's context: more tokens than any context window holds
 MAX_NUM_DRAFT = 64  # the longest chain, or the deepest tree, one step may draft
 ADAPTIVE_MAX_DRAFT = 8  # the longest chain the adaptive controller may choose
 MAX_SEED = 2**64 - 1
@@ -87,6 +89,17 @@ class DecodeOptions:
     top_k: int = 0
     min_p: float = 0.0
     seed: int | None = 0  # None: a random seed, reported in the result so the run can be repeated
+    # "coupled": a seed gives one text whatever drafts (decoding/keys.py); "residual": Leviathan/Chen rejection for
+    # sampled drafts, exact in law only, with a slightly higher acceptance
+    acceptance: str = "coupled"
+    # history-dependent logits processors, as mlx-lm's make_logits_processors (None or {}: off)
+    repetition_penalty: float | None = None
+    repetition_context_size: int = 20
+    presence_penalty: float | None = None
+    presence_context_size: int = 20
+    frequency_penalty: float | None = None
+    frequency_context_size: int = 20
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     # the prompt
     chat: bool = False
     heal: bool = False  # token healing: the first token may re-complete the prompt's last one
@@ -205,6 +218,35 @@ class DecodeOptions:
             raise UserError(f"kv_bits {self.kv_bits!r} is not supported; use 4 or 8")
         if self.draft_window is not None and (not _is_int(self.draft_window) or self.draft_window < 1):
             raise UserError(f"draft_window {self.draft_window!r} must be a whole number of tokens >= 1")
+        logit_bias = self._checked_processors(vocab_size)
+        if self.acceptance not in ACCEPTANCE_CHOICES:
+            raise UserError(f"acceptance {self.acceptance!r} is not one of {', '.join(ACCEPTANCE_CHOICES)}")
         if self.kernel not in KERNEL_CHOICES:
             raise UserError(f"kernel {self.kernel!r} is not one of {', '.join(KERNEL_CHOICES)}")
-        return replace(self, stop=list(stop), num_draft=num_draft)
+        return replace(self, stop=list(stop), num_draft=num_draft, logit_bias=logit_bias)
+
+    def _checked_processors(self, vocab_size: int | None) -> dict[int, float] | None:
+        """Refuse bad penalty settings by name; the logit bias as {int id: float}."""
+        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value is not None and (not _is_real(value) or not math.isfinite(value)):
+                raise UserError(f"{name} {value!r} is not a finite number; leave it unset to turn it off")
+        if self.repetition_penalty is not None and self.repetition_penalty <= 0:
+            raise UserError(f"repetition_penalty {self.repetition_penalty} must be > 0 (1 changes nothing)")
+        for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
+            value = getattr(self, name)
+            if not _is_int(value) or not 1 <= value <= MAX_CONTEXT_SIZE:
+                raise UserError(f"{name} {value!r} must be a whole number of tokens in 1..{MAX_CONTEXT_SIZE}")
+        if not self.logit_bias:
+            return None
+        if not isinstance(self.logit_bias, dict):
+            raise UserError(f"logit_bias {self.logit_bias!r} must map token ids to numbers")
+        bias = {}
+        for token, value in self.logit_bias.items():
+            ident = int(token) if isinstance(token, str) and token.isascii() and token.isdigit() else token
+            if not _is_int(ident) or ident < 0 or (vocab_size is not None and ident >= vocab_size):
+                raise UserError(f"logit_bias names token {token!r}, which is not an id of this vocabulary")
+            if not _is_real(value) or not math.isfinite(value):
+                raise UserError(f"logit_bias of token {token!r} is {value!r}, not a finite number")
+            bias[int(ident)] = float(value)
+        return bias

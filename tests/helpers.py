@@ -31,6 +31,7 @@ def speculative_tokens(
     drafter=None,
     kernel="auto",
     totals=None,
+    acceptance="coupled",
 ):
     """Generate with the engine. `draft` is a draft model (or None); `drafter` overrides it with any Drafter.
 
@@ -47,7 +48,9 @@ def speculative_tokens(
             tree_topk=tree_topk,
         )
         drafter = make_drafter(options, draft_model=draft)
-    options = DecodeOptions.sampling_as(sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits, tree_topk=tree_topk)
+    options = DecodeOptions.sampling_as(
+        sampling, num_draft=num_draft, seed=seed, kv_bits=kv_bits, tree_topk=tree_topk, acceptance=acceptance
+    )
     backend, _ = verify_kernel.resolve(kernel)
     engine = build_engine(verify_kernel.routed_view(target, backend), drafter, options)
     out: list[int] = []

@@ -192,7 +192,10 @@ def test_bench_compares_every_mode_on_a_fresh_install(tiny_dirs, tmp_path):
                 k = next((s for s in settings if s.startswith("k=")), None)
                 ks = {f"k={run['num_draft']}" for run in row["runs"]}
                 assert k is None or ks == {k} or (k == "k=auto" and ks <= {k, "k=0"}), row["mode"]  # (plainly: 0)
-        assert set(results[f"profile {temp}"]) == {"draft", "verify", "target probs", "accept", "bookkeeping"}
+        assert set(results[f"profile {temp}"]) == {"draft", "verify", "target probs", "accept", "bookkeeping", "tokens"}
+        assert results[f"profile {temp}"]["tokens"] >= 1  # tokens emitted per step
+        plain_split = results[f"profile plain {temp}"]  # the baseline the drafters' splits compare with
+        assert plain_split["tokens"] == 1 and plain_split["verify"] > 0
         assert f"## temperature {float(temp)}" in proc.stdout
     # progress names each mode as it finishes, with the time left; the last one at each temperature has none left
     progress = [line.strip() for line in proc.stderr.splitlines() if line.strip().startswith("pass ")]

@@ -245,7 +245,7 @@ def test_generate_with_dflash_from_the_command_line(cli_run, tmp_path):
     )
     assert code == 0, err
     results = json.loads((tmp_path / "b.json").read_text())["results"]
-    assert set(results["profile dflash 0.0"]) == {"draft", "verify", "target probs", "accept", "bookkeeping"}
+    assert set(results["profile dflash 0.0"]) == {"draft", "verify", "target probs", "accept", "bookkeeping", "tokens"}
     rows = {row["mode"] for row in results["0.0"]}
     trees = {f"mlxspec dflash-tree-{nodes}n-beam{topk}" for nodes, topk in ((8, 2), (15, 3), (31, 4))}
     assert {"mlxspec dflash k=2", "mlxspec dflash k=auto", *trees} <= rows

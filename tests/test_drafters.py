@@ -20,7 +20,8 @@ def drive(drafter: DraftModelDrafter, sampling: SamplingConfig, steps: int = 5, 
     proposals = []
     for step in range(steps):
         key, draft_key = mx.random.split(key)
-        draft = drafter.propose(num_draft, None if sampling.greedy else draft_key)
+        # a drafter gets one key per depth (the engine's: its output positions' keys, decoding/keys.py)
+        draft = drafter.propose(num_draft, None if sampling.greedy else mx.random.split(draft_key, num_draft))
         tokens = draft.tokens.tolist()
         proposals.append((tokens, None if draft.probs is None else draft.probs))
         keep = step % (num_draft + 1)  # 0, 1, 2, 3 (all) accepted, then again

@@ -129,23 +129,28 @@ def exact_joint(target, prompt, sampling, length):
     return joint
 
 
-# T1 in the quick run; T0.7 with top-p (40 s here) in the whole suite.
+# The default rule at T1 in the quick run; the rest (40 s each here) in the whole suite.
 @pytest.mark.parametrize(
-    "sampling",
+    "sampling, acceptance",
     [
-        pytest.param(SamplingConfig(1.0), id="T1"),
-        pytest.param(SamplingConfig(0.7, top_p=0.9), id="T0.7-top-p", marks=pytest.mark.slow),
+        pytest.param(SamplingConfig(1.0), "coupled", id="T1"),
+        pytest.param(SamplingConfig(0.7, top_p=0.9), "coupled", id="T0.7-top-p", marks=pytest.mark.slow),
+        pytest.param(SamplingConfig(1.0), "residual", id="T1-residual", marks=pytest.mark.slow),
+        pytest.param(SamplingConfig(0.7, top_p=0.9), "residual", id="T0.7-top-p-residual", marks=pytest.mark.slow),
     ],
 )
-def test_speculative_samples_follow_the_target_distribution(sampling):
-    """Chi-square of 4000 seeded runs (K=2, 3 tokens: accept, residual and bonus paths) against the enumerated
-    law of the processed target; false alarm 1e-3. The same counts must reject the draft's own law (power check)."""
+def test_speculative_samples_follow_the_target_distribution(sampling, acceptance):
+    """Chi-square of 4000 seeded runs (K=2, 3 tokens) against the enumerated law of the processed target; false
+    alarm 1e-3. Coupled: drafts kept where they equal the target's position-keyed draw; residual: Leviathan/Chen's
+    accept, residual and bonus paths. The same counts must reject the draft's own law (power check)."""
     target = make_tiny("llama", seed=0, logit_scale=3.0)
     draft = make_tiny("llama", seed=5, logit_scale=3.0)
     prompt, length = [1, 2], 3
     counts = np.zeros([8] * length)
     for seed in range(4000):
-        out = speculative_tokens(target, draft, prompt, length, num_draft=2, sampling=sampling, seed=seed)
+        out = speculative_tokens(
+            target, draft, prompt, length, num_draft=2, sampling=sampling, seed=seed, acceptance=acceptance
+        )
         counts[tuple(out)] += 1
     assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
     assert chi_square_pvalue(counts, exact_joint(draft, prompt, sampling, length)) < ALPHA

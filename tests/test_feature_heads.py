@@ -91,7 +91,7 @@ def test_lookup_in_front_of_an_eagle_head_stays_exact_and_both_draft():
 @pytest.mark.parametrize(
     "sampling, beam",
     [
-        pytest.param(SAMPLINGS[0], 1, id="chain-T1"),
+        pytest.param(SAMPLINGS[0], 1, id="chain-T1", marks=pytest.mark.slow),
         pytest.param(SAMPLINGS[1], 1, id="chain-T0.7-top-p", marks=pytest.mark.slow),  # 44 s here
         pytest.param(SAMPLINGS[0], 2, id="tree-T1", marks=pytest.mark.slow),  # 52 s here
     ],

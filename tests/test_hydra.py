@@ -78,7 +78,7 @@ def test_a_hydra_tree_holds_each_nodes_own_guesses():
 @pytest.mark.parametrize(
     "sampling",
     [
-        pytest.param(SamplingConfig(1.0), id="T1"),
+        pytest.param(SamplingConfig(1.0), id="T1", marks=pytest.mark.slow),
         pytest.param(SamplingConfig(0.7, top_p=0.9), id="T0.7-top-p", marks=pytest.mark.slow),  # T1 stays quick
     ],
 )

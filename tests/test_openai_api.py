@@ -70,10 +70,15 @@ def test_a_completions_prompt_may_be_text_token_ids_or_a_batch_of_one():
         ({"messages": MESSAGES, "logprobs": True}, "chat", "logprobs"),
         ({"messages": MESSAGES, "tool_choice": "auto"}, "chat", "tool_choice"),
         ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "chat", "response_format"),
-        ({"messages": MESSAGES, "frequency_penalty": 0.5}, "chat", "frequency_penalty"),
-        ({"messages": MESSAGES, "logit_bias": {"1": 5}}, "chat", "logit_bias"),
+        ({"messages": MESSAGES, "frequency_penalty": 2.5}, "chat", "frequency_penalty"),
+        ({"messages": MESSAGES, "presence_penalty": "1"}, "chat", "presence_penalty"),
+        ({"messages": MESSAGES, "logit_bias": {"a": 5}}, "chat", "logit_bias"),
+        ({"messages": MESSAGES, "logit_bias": {"1": 500}}, "chat", "logit_bias"),
+        ({"messages": MESSAGES, "logit_bias": [1, 5]}, "chat", "logit_bias"),
         ({"messages": MESSAGES, "stream": "yes"}, "chat", "stream"),
         ({"messages": MESSAGES, "speculative": {"enabled": "no"}}, "chat", "speculative.enabled"),
+        ({"messages": MESSAGES, "acceptance": "lossy"}, "chat", "acceptance"),
+        ({"messages": MESSAGES, "acceptance": ["residual"]}, "chat", "acceptance"),
         ({"prompt": ["a", "b"]}, "text", "prompt"),
         ({"prompt": 5}, "text", "prompt"),
         ({"prompt": "a", "echo": True}, "text", "echo"),
@@ -117,3 +122,18 @@ def test_option_refusals_name_the_request_parameter():
     assert param_named("the prompt is empty; pass some text to continue", "prompt") == "prompt"
     assert param_named("'m' has no chat template; complete plain text instead", "messages") == "messages"
     assert param_named("something else", "prompt") is None
+
+
+def test_a_request_may_choose_the_acceptance_rule():
+    assert parse_request({"prompt": "a", "acceptance": "residual"}, "text").changes["acceptance"] == "residual"
+    assert "acceptance" not in parse_request({"prompt": "a"}, "text").changes  # the server's default: coupled
+
+
+def test_penalties_and_a_logit_bias_become_decode_options():
+    """Refused by name before; now applied as mlx-lm applies them (exact under speculation: test_same_seed.py)."""
+    body = {"prompt": "a", "presence_penalty": 0.5, "frequency_penalty": -0.2, "logit_bias": {"12": -100, "7": 3}}
+    body.update(repetition_penalty=1.2, repetition_context_size=64)
+    changes = parse_request(body, "text").changes
+    assert changes["presence_penalty"] == 0.5 and changes["frequency_penalty"] == -0.2
+    assert changes["logit_bias"] == {12: -100.0, 7: 3.0}
+    assert changes["repetition_penalty"] == 1.2 and changes["repetition_context_size"] == 64

@@ -239,13 +239,36 @@ def test_stop_strings_and_seeds(client):
     cut = chat(client, max_tokens=40, temperature=0, stop=[stop, "never appears"])
     assert cut.choices[0].message.content == whole[: whole.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
-    # A seed repeats a sampled text token for token at a fixed draft length; with -k auto the lengths follow the
-    # machine's timing, and the text repeats only in law until position-keyed sampling lands (issue 38).
-    fixed = {"extra_body": {"speculative": {"num_draft": 3}}}
-    a, b, c = (
-        chat(client, max_tokens=30, temperature=1.0, seed=s, **fixed).choices[0].message.content for s in (7, 7, 8)
+    # A seed repeats a sampled text token for token whatever drafts: -k auto (its lengths follow the machine's
+    # timing), a fixed length, and plain decoding all write the same text (position-keyed draws, decoding/keys.py).
+    runs = [
+        {},
+        {"speculative": {"num_draft": 3}},
+        {"speculative": {"num_draft": 1}},
+        {"speculative": {"enabled": False}},
+    ]
+    texts = [
+        chat(client, max_tokens=30, temperature=1.0, seed=7, extra_body=extra).choices[0].message.content
+        for extra in runs
+    ]
+    assert (
+        len(set(texts)) == 1
+        and chat(client, max_tokens=30, temperature=1.0, seed=8).choices[0].message.content != texts[0]
     )
-    assert a == b and a != c
+
+
+def test_penalties_and_a_logit_bias_are_applied_as_the_api_applies_them(client):
+    """OpenAI's presence and frequency penalties and logit bias, mlx-lm's repetition penalty: the server's text
+    equals the API's with the same settings, speculating or not, and differs from the text without them."""
+    import mlxspec
+
+    settings = dict(max_tokens=24, temperature=0.9, seed=3, presence_penalty=1.0, frequency_penalty=0.5)
+    extra = {"repetition_penalty": 1.3, "logit_bias": {"12": -100}}
+    served = chat(client, **settings, extra_body=extra).choices[0].message.content
+    plain = chat(client, **settings, extra_body={**extra, "speculative": {"enabled": False}}).choices[0].message.content
+    api = mlxspec.load().generate(PROMPT, chat=True, **settings, repetition_penalty=1.3, logit_bias={12: -100.0}).text
+    assert served == plain == api
+    assert served != chat(client, max_tokens=24, temperature=0.9, seed=3).choices[0].message.content
 
 
 def test_turning_drafting_off_per_request_changes_only_the_speed(client):

@@ -121,10 +121,22 @@ def mlx_lm_speculative(model, draft_model, num_draft: int) -> RunFn:
     return run
 
 
-def mlxspec_mode(speculator: Speculator, **options) -> RunFn:
-    def run(prompt, max_tokens, temperature, top_p, seed):
-        result = speculator.generate(
-            prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_at_eos=False, **options
+@dataclass
+class MlxspecMode:
+    """One mlxspec row: the speculator and the generate options it runs with."""
+
+    speculator: Speculator
+    options: dict
+
+    def __call__(self, prompt, max_tokens, temperature, top_p, seed) -> Run:
+        result = self.speculator.generate(
+            prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop_at_eos=False,
+            **self.options,
         )
         s = result.stats
         return Run(
@@ -138,7 +150,21 @@ def mlxspec_mode(speculator: Speculator, **options) -> RunFn:
             s.num_draft,
         )
 
-    return run
+
+def mlxspec_mode(speculator: Speculator, **options) -> RunFn:
+    return MlxspecMode(speculator, options)
+
+
+def with_residual_twins(modes: dict[str, RunFn]) -> dict[str, RunFn]:
+    """`modes` with, after each mlxspec chain drafted by a model or heads (the drafts that sample), the same row
+    under acceptance="residual" (Leviathan/Chen), named '... acceptance=residual'."""
+    out: dict[str, RunFn] = {}
+    for name, run in modes.items():
+        out[name] = run
+        sampled = isinstance(run, MlxspecMode) and run.options.get("use_draft", True) and "-tree" not in name
+        if sampled and name != OWN_PLAIN and not name.startswith(f"{OWN_PLAIN} "):
+            out[f"{name} acceptance=residual"] = MlxspecMode(run.speculator, {**run.options, "acceptance": "residual"})
+    return out
 
 
 def run_modes(
@@ -339,33 +365,3 @@ def build_modes(
 
 EAGLE_TREES = ((8, 2), (16, 4))  # (node budget, beam) of the EAGLE-2 dynamic trees bench compares
 DDTREES = ((8, 2), (15, 3), (31, 4))  # (node budget, candidates per position) of DFlash's DDTrees
-
-
-def profile_split(
-    speculator: Speculator, prompts: list[list[int]], max_tokens: int, num_draft: int, temperature: float
-) -> dict[str, float]:
-    """Seconds per step spent drafting, verifying, accepting and on bookkeeping (profiling adds syncs), with the
-    speculator's drafter: its draft model, or its DFlash drafter."""
-    from mlxspec.decoding.assembly import build_engine
-    from mlxspec.drafting.factory import make_drafter
-    from mlxspec.kernels import verify as verify_kernel
-    from mlxspec.options import DecodeOptions
-
-    options = DecodeOptions(temperature=temperature, num_draft=num_draft, kernel=speculator.options.kernel)
-    totals: dict[str, float] = {}
-    steps = 0
-    backend, _ = verify_kernel.resolve(options.kernel)
-    for prompt in prompts:
-        target = verify_kernel.routed_view(speculator.target.model, backend)  # as generation runs it
-        if speculator.dflash is not None:
-            drafter = make_drafter(options, target_model=target, dflash=speculator.dflash)
-        else:
-            drafter = make_drafter(options, draft_model=speculator.draft.model)
-        engine = build_engine(target, drafter, options)
-        engine.prefill(prompt)
-        engine.profile = totals
-        produced = 0
-        while produced < max_tokens:
-            produced += len(engine.step(max_tokens - produced).tokens)
-            steps += 1
-    return {phase: seconds / steps for phase, seconds in totals.items()}

@@ -110,6 +110,12 @@ MODE_OPTIONS = [
     click.option("--temp", "temps", type=float, multiple=True, help="Temperature(s) [0 and 0.7]."),
     click.option("--top-p", type=float, default=1.0, show_default=True),
     click.option(
+        "--residual",
+        is_flag=True,
+        help="Also run each sampled chain mode under Leviathan/Chen acceptance ('... acceptance=residual' rows), "
+        "to compare it with the default coupled rule.",
+    ),
+    click.option(
         "--only",
         default=None,
         help="Run only these modes, comma-separated as the table names them, the first the baseline "
@@ -125,7 +131,11 @@ WORKLOAD_OPTIONS = [
 ]
 OUTPUT_OPTIONS = [
     click.option("--verify-curve", is_flag=True, help="The v(n) curve and stop (as `bench verify-cost`)."),
-    click.option("--profile", is_flag=True, help="Also report the per-step time split of the draft-model mode."),
+    click.option(
+        "--profile",
+        is_flag=True,
+        help="Also report the per-step time split of plain decoding and each drafter at the largest -k.",
+    ),
     click.option("--json", "json_out", default=None, help="Also write the results to this JSON file."),
     click.option("--plot", "plot_path", default=None, help="Also draw speedup vs k and tok/s per mode to a PNG."),
 ]
@@ -276,6 +286,8 @@ def run_and_report(
     mode_fns = runner.build_modes(
         speculator, num_drafts, families, medusa, eagle=eagle, lookup_ks=lookup_ks, dflash=dflash
     )
+    if p.get("residual"):
+        mode_fns = runner.with_residual_twins(mode_fns)
     if p.get("only"):  # a shorter run: these modes, by the names the table prints, in this order
         names = [w.strip() for w in p["only"].split(",") if w.strip()]
         unknown = next((name for name in names if name not in mode_fns), None)
@@ -302,17 +314,8 @@ def run_and_report(
             click.echo(note)
         by_temp[str(temp)] = results
         everything[str(temp)] = [runner.asdict(r) for r in results]
-        for kind, profiled in (("draft", speculator), ("dflash", dflash)):
-            if not p["profile"] or profiled is None or (kind == "draft" and speculator.draft is None):
-                continue
-            k = max(num_drafts) if kind == "draft" else min(max(num_drafts), dflash.dflash.config.block_size - 1)
-            split = runner.profile_split(profiled, prompts[:2], max_tokens, k, temp)
-            total = sum(split.values())
-            click.echo(
-                f"per-step split, {kind} k={k} (profiling adds syncs): "
-                + ", ".join(f"{phase} {1e3 * sec:.2f} ms ({100 * sec / total:.0f}%)" for phase, sec in split.items())
-            )
-            everything[f"profile {temp}" if kind == "draft" else f"profile {kind} {temp}"] = split
+        if p["profile"]:
+            everything.update(profile_splits(speculator, eagle, dflash, prompts, num_drafts, max_tokens, temp))
     if p["json_out"]:
         with open(p["json_out"], "w") as f:
             summary = {"prompts": len(prompts), "max_tokens": max_tokens, "blas": blas_in_use(), "results": everything}
@@ -325,3 +328,29 @@ def run_and_report(
 
 for _command in SUBCOMMANDS:
     bench.add_command(_command)
+
+
+def profile_splits(speculator, eagle, dflash, prompts, num_drafts, max_tokens, temp) -> dict:
+    """--profile: the per-step time split of plain decoding and of each drafter here at the largest -k, printed
+    and returned for --json."""
+    from mlxspec.bench.profile import profile_split
+    from mlxspec.speculator import Speculator
+
+    plain = Speculator(speculator.target, None, options=speculator.options)
+    found = {}
+    for kind, profiled in (("plain", plain), ("draft", speculator), ("eagle", eagle), ("dflash", dflash)):
+        if profiled is None or (kind == "draft" and speculator.draft is None):
+            continue
+        k = 0 if kind == "plain" else max(num_drafts)
+        if kind == "dflash":
+            k = min(k, dflash.dflash.config.block_size - 1)
+        split = profile_split(profiled, prompts[:2], max_tokens, k, temp)
+        per_step = split.pop("tokens")
+        total = sum(split.values())
+        click.echo(
+            f"per-step split, {kind} k={k} (profiling adds syncs; {per_step:.2f} tokens per step, "
+            f"{1e3 * total / per_step:.1f} ms per token): "
+            + ", ".join(f"{phase} {1e3 * sec:.2f} ms ({100 * sec / total:.0f}%)" for phase, sec in split.items())
+        )
+        found[f"profile {temp}" if kind == "draft" else f"profile {kind} {temp}"] = {**split, "tokens": per_step}
+    return found

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import click
 
-from mlxspec.cli.options import MODEL_OPTIONS, SAMPLING_OPTIONS, with_options
+from mlxspec.cli.options import MODEL_OPTIONS, SAMPLING_OPTIONS, logit_bias_from, with_options
 from mlxspec.errors import UserError
 from mlxspec.options import DecodeOptions
 from mlxspec.plan.rank_split import MODES
@@ -69,6 +69,14 @@ def options_from(p: dict) -> DecodeOptions:
         top_k=p["top_k"],
         min_p=p["min_p"],
         seed=p["seed"],
+        acceptance=p.get("acceptance") or "coupled",
+        repetition_penalty=p.get("repetition_penalty"),
+        repetition_context_size=p.get("repetition_context_size", 20),
+        presence_penalty=p.get("presence_penalty"),
+        frequency_penalty=p.get("frequency_penalty"),
+        presence_context_size=p.get("penalty_context_size", 20),
+        frequency_context_size=p.get("penalty_context_size", 20),
+        logit_bias=logit_bias_from(p.get("logit_bias") or ()),
         chat=p.get("chat", False),
         heal=p.get("heal", False),
         truncate=p.get("truncate", False),

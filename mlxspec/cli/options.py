@@ -135,8 +135,40 @@ SAMPLING_OPTIONS = [
         default=None,
         help="Random seed [default: random, printed by -v and --json].",
     ),
+    click.option(
+        "--acceptance",
+        type=click.Choice(["coupled", "residual"]),
+        default="coupled",
+        show_default=True,
+        help="How sampled drafts are kept: coupled gives one text per seed whatever drafts (mlx-lm's own text for "
+        "that seed); residual is Leviathan/Chen rejection, exact in law only, with a slightly higher acceptance.",
+    ),
+    click.option("--repetition-penalty", type=float, default=None, help="mlx-lm's multiplicative repetition penalty."),
+    click.option("--repetition-context-size", type=int, default=20, show_default=True),
+    click.option("--presence-penalty", type=float, default=None, help="Subtracted once from every recent token."),
+    click.option("--frequency-penalty", type=float, default=None, help="Subtracted per occurrence of a recent token."),
+    click.option(
+        "--penalty-context-size",
+        type=int,
+        default=20,
+        show_default=True,
+        help="Tokens the presence and frequency penalties look back over.",
+    ),
+    click.option("--logit-bias", multiple=True, help="TOKEN_ID=BIAS added to that token's logit (repeatable)."),
     click.option("--stop", multiple=True, help="Stop when this string appears (repeatable)."),
 ]
+
+
+def logit_bias_from(pairs: tuple[str, ...]) -> dict[int, float] | None:
+    """--logit-bias ID=BIAS pairs -> {id: bias}; a malformed pair is refused by name."""
+    bias = {}
+    for pair in pairs:
+        token, _, value = pair.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise UserError(f"--logit-bias {pair!r} is not TOKEN_ID=BIAS (e.g. --logit-bias 1234=-5)") from None
+    return bias or None
 
 
 def with_options(*groups: list[Callable]) -> Callable:

@@ -12,6 +12,7 @@ import mlx.nn as nn
 
 from mlxspec.decoding.draft import Drafter
 from mlxspec.decoding.engine import Ranks, SpeculativeEngine
+from mlxspec.decoding.processors import make_processors, processor_window
 from mlxspec.options import DecodeOptions
 
 
@@ -40,6 +41,9 @@ def build_engine(
         options.sampling,
         num_draft=options.depth,
         seed=seed,
+        acceptance=options.acceptance,
+        processors=make_processors(options),
+        processor_window=processor_window(options),
         kv_bits=options.kv_bits,
         context_length=context_length,
         max_nodes=options.max_nodes,

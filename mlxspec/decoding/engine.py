@@ -13,6 +13,8 @@ from mlxspec.cache.recurrent import Snapshot, snapshot
 from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.forward import PREFILL, DraftRequest, EngineState, ForwardRequest, Phases, StepResult, drive
+from mlxspec.decoding.keys import PositionKeys
+from mlxspec.decoding.processors import Processor, process_rows
 from mlxspec.decoding.replay import DeferredReplay
 from mlxspec.decoding.sampling import SamplingConfig, first_token_allowed
 from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
@@ -45,6 +47,9 @@ class SpeculativeEngine:
         sampling: SamplingConfig,
         num_draft: int = 4,
         seed: int = 0,
+        acceptance: str = "coupled",
+        processors: list[Processor] | None = None,
+        processor_window: int = 20,
         kv_bits: int | None = None,
         context_length: int | None = None,
         prefill_chunk: int = 512,
@@ -76,7 +81,15 @@ class SpeculativeEngine:
         # cache would need a snapshot for: there plain steps rank the whole vocabulary instead.
         self.rollback_ok = not self.recurrent
         self.sorted_fallbacks = 0  # steps redone with the whole vocabulary ranked (a top-p set past the candidates)
+        # Every draw of the target's tokens, and of coupled drafts, is keyed by output position (keys.py);
+        # `key` splits per step only for Leviathan/Chen's draws under acceptance="residual"
+        self.position_keys = PositionKeys(seed)
+        self.coupled = acceptance == "coupled"
         self.key = mx.random.key(seed)
+        self.generated = 0  # tokens emitted so far: the output position the next target row decides
+        # Penalties and a logit bias (processors.py), applied to every target row with the tokens before it
+        self.processors = processors or []
+        self.processor_window = processor_window
         self.pending: list[int] = []
         # Tokens the target cache holds. Kept here, not read off the cache: recurrent layers (ArraysCache) have no
         # offset, and plain decoding runs on them too.
@@ -176,7 +189,7 @@ class SpeculativeEngine:
         self.mid_step = True
         self._mark_time = started = time.perf_counter()
         draft_key = accept_key = None
-        if not self.sampling.greedy:  # greedy steps draw nothing, so they split no keys
+        if not self.sampling.greedy and not self.coupled:  # Leviathan/Chen's own draws, split per step
             self.key, draft_key, accept_key = mx.random.split(self.key, 3)
         rows = self.rows()
         self.row_steps += rows
@@ -189,19 +202,20 @@ class SpeculativeEngine:
         assert budget == 0 or self._prefetched is None  # a forward is queued only for a plain step (_next_is_plain)
         if self.room() is not None:
             budget = min(budget, self.room())
-        draft = (yield DraftRequest(self.drafter, budget, draft_key)) if budget > 0 else None
+        draft = (yield DraftRequest(self.drafter, budget, self._draft_keys(budget, draft_key))) if budget > 0 else None
         if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():
             draft = None  # no room in the context to verify it: decode one token instead
         if budget > 0 and self.ranks is not None:  # (every rank has the same budget: it follows emitted tokens)
             draft = self.ranks.same_draft(draft, self.cache_spec.max_rollback)
         self._mark("draft", None if draft is None else draft.tokens)
         if draft is None:
-            result = yield from self._plain_step(accept_key, max_new_tokens)
-        elif draft.probs is not None:
+            result = yield from self._plain_step(max_new_tokens)
+        elif draft.probs is not None and not self.coupled:
             result = yield from self._verify_sampled_chain(draft, accept_key)
-        else:
-            result = yield from self._verify_deterministic(draft, accept_key)
+        else:  # a coupled sampled draft is kept exactly where it equals the target's own draw
+            result = yield from self._verify_deterministic(draft)
         self.target_calls += 1
+        self.generated += len(result.tokens)
         if self.controller is not None:
             self.controller.update(result.drafted, result.accepted)
             if rows == 1:  # beside other rows the wall time is the whole round's, not this row's step
@@ -233,7 +247,13 @@ class SpeculativeEngine:
         logits = logits[skip:]  # the replayed rows predict tokens already emitted
         if self.first_token_mask is not None:
             logits, self.first_token_mask = first_token_allowed(logits, self.first_token_mask), None
-        return logits
+        return self._processed(logits, draft)
+
+    def _processed(self, logits: mx.array, draft: Draft | None) -> mx.array:
+        """The rows with the penalties and logit bias applied, each with the history and its drafted path."""
+        if not self.processors:
+            return logits
+        return process_rows(self.processors, logits, self.history, draft, self.processor_window)
 
     def settle(self) -> None:
         """Feed any deferred replay now, so the target cache holds every token but the pending one."""
@@ -251,12 +271,32 @@ class SpeculativeEngine:
         self._count_forward(width)
         self.position += width
 
-    def _plain_step(self, key: mx.array | None, max_new_tokens: int) -> Phases:
+    def _draft_keys(self, budget: int, draft_key: mx.array | None) -> mx.array | None:
+        """[budget, 2] keys for a drafter's draws at depths 0..budget-1 (None when greedy): the positions' own keys
+        (coupled), or a split of the step's draft key (residual)."""
+        if self.sampling.greedy:
+            return None
+        if self.coupled:
+            return self.position_keys.span(self.generated, budget)
+        return mx.random.split(draft_key, budget)
+
+    def _node_keys(self, depths: list[int] | tuple[int, ...]) -> mx.array | None:
+        """[N, 2]: the key of each target row, by the output position it decides (the row after a node of depth
+        d decides position generated + d)."""
+        if self.sampling.greedy:
+            return None
+        return self.position_keys.span(self.generated, max(depths) + 1)[mx.array(depths, dtype=mx.int32)]
+
+    def _plain_step(self, max_new_tokens: int) -> Phases:
         """One token with no draft. When the next step will be plain too, its forward is queued on this step's
         lazy token before the sync, so graph building overlaps computing (as mlx-lm's generate_step does)."""
-        logits = self._prefetched if self._prefetched is not None else (yield from self._target_logits(None))
+        if self._prefetched is not None:  # queued by the step before, which had not committed its token yet
+            logits = self._processed(self._prefetched, None)
+        else:
+            logits = yield from self._target_logits(None)
         self._mark("verify", logits)
-        token, short = target_samples(logits[-1:], self.sampling, key, ranked=not self.rollback_ok)
+        keys = self._node_keys([0])
+        token, short = target_samples(logits[-1:], self.sampling, keys, ranked=not self.rollback_ok)
         self._mark("target probs", token)
         self._prefetched = None
         free = None if self.context_length is None else self.context_length - self.position
@@ -271,7 +311,7 @@ class SpeculativeEngine:
             if self._prefetched is not None:
                 self._prefetched = None
                 self._roll_back(1)
-            value = self._host(target_samples(logits[-1:], self.sampling, key, ranked=True)[0])[0]
+            value = self._host(target_samples(logits[-1:], self.sampling, keys, ranked=True)[0])[0]
         self._mark("accept")
         self.pending = [] if self._prefetched is not None else [value]
         return StepResult([value], 0, 0, [], [])
@@ -318,7 +358,7 @@ class SpeculativeEngine:
         path = list(range(1, verdict.accepted + 1))
         return StepResult(kept + [verdict.next_token], num_draft, verdict.accepted, verdict.proposed, path)
 
-    def _verify_deterministic(self, draft: Draft, key: mx.array | None) -> Phases:
+    def _verify_deterministic(self, draft: Draft) -> Phases:
         """A deterministic chain or tree (greedy drafts, prompt lookup, top-k trees, Medusa), verified node by node.
 
         A chain needs no tree machinery: the causal mask is its ancestor mask and rollback is moving the offset."""
@@ -330,7 +370,8 @@ class SpeculativeEngine:
             with tree_verification(self.target, self.cache, shape, prefix):  # alone: the model is patched meanwhile
                 logits = yield from self._target_logits(draft, alone=True)
         self._mark("verify", logits)
-        verdict = verify_nodes(draft, self.pending, logits, self.sampling, key, self._host, self._mark)
+        keys = self._node_keys(shape.depths)
+        verdict = verify_nodes(draft, self.pending, logits, self.sampling, keys, self._host, self._mark)
         self.sorted_fallbacks += verdict.redrawn
         self._mark("accept")
         path = shape.path_to(verdict.accepted)

@@ -59,6 +59,48 @@ def to_probs_checked(logits: mx.array, config: SamplingConfig) -> tuple[mx.array
 def _candidate_probs(rows: mx.array, config: SamplingConfig, count: int) -> tuple[mx.array, mx.array]:
     """mlx-lm's filters (top-p, then min-p, then top-k) on each row's `count` best tokens. rows: [R, V] float32.
     Returns (probs [R, V], short [R])."""
+    values, indices, keep, short = _candidate_keep(rows, config, count)
+    weights = mx.softmax(mx.where(keep, values * (1.0 / config.temperature), -mx.inf), axis=-1)
+    probs = mx.put_along_axis(mx.zeros(rows.shape, dtype=mx.float32), indices, weights, axis=-1)
+    return probs, short
+
+
+def scaled_logprobs(logits: mx.array, config: SamplingConfig, ranked: bool = False) -> tuple[mx.array, mx.array]:
+    """(rows [N, V] as mlx-lm's sampler hands them to `categorical`: log-probabilities, -inf where the filters drop
+    a token, times 1/T; short [N] bool as in to_probs_checked). mlx-lm's own ops in its order, in the logits' dtype,
+    so that a draw with key_t is mlx-lm's draw (keys.draw); `ranked`: the whole vocabulary ranked. Not for greedy
+    configs."""
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    vocab = logits.shape[-1]
+    short = mx.zeros(logits.shape[:-1], dtype=mx.bool_)
+    ranks = 0 < config.top_p < 1 or 0 < config.top_k < vocab
+    if ranks or config.min_p != 0.0:
+        count = min(vocab, max(CANDIDATES, config.top_k))
+        if ranked or count == vocab or not ranks:
+            logprobs = _sorted_filters(logprobs, config)
+        else:
+            rows = logits.reshape(-1, vocab).astype(mx.float32)
+            _, indices, keep, short = _candidate_keep(rows, config, count)
+            kept = mx.put_along_axis(mx.zeros(rows.shape, dtype=mx.bool_), indices, keep, axis=-1)
+            logprobs = mx.where(kept.reshape(logits.shape), logprobs, -mx.inf)
+            short = short.reshape(logits.shape[:-1])
+    return logprobs * (1.0 / config.temperature), short
+
+
+def _sorted_filters(logprobs: mx.array, config: SamplingConfig) -> mx.array:
+    """mlx-lm's filters over the whole sorted vocabulary, in its order."""
+    if 0 < config.top_p < 1.0:
+        logprobs = apply_top_p(logprobs, float32_top_p(config.top_p))
+    if config.min_p != 0.0:
+        logprobs = apply_min_p(logprobs, config.min_p)
+    if 0 < config.top_k < logprobs.shape[-1]:
+        logprobs = apply_top_k(logprobs, config.top_k)
+    return logprobs
+
+
+def _candidate_keep(rows: mx.array, config: SamplingConfig, count: int) -> tuple[mx.array, ...]:
+    """(values [R, C] best first, their indices, keep [R, C] bool, short [R] bool): which of each row's `count`
+    best tokens mlx-lm's filters keep, and whether one ranked below them could survive too."""
     values, indices = top_candidates(rows, count)  # [R, C], best first
     last = values[:, -1:]
     keep = mx.ones(values.shape, dtype=mx.bool_)
@@ -78,9 +120,7 @@ def _candidate_probs(rows: mx.array, config: SamplingConfig, count: int) -> tupl
     if 0 < config.top_k < rows.shape[-1]:
         keep = keep & (mx.arange(values.shape[-1]) < config.top_k)  # exactly k: the first k of the ranking
         outside_survives = mx.zeros(last.shape, dtype=mx.bool_)
-    weights = mx.softmax(mx.where(keep, values * (1.0 / config.temperature), -mx.inf), axis=-1)
-    probs = mx.put_along_axis(mx.zeros(rows.shape, dtype=mx.float32), indices, weights, axis=-1)
-    return probs, outside_survives[:, 0]
+    return values, indices, keep, outside_survives[:, 0]
 
 
 def to_probs_sorted(logits: mx.array, config: SamplingConfig) -> mx.array:
@@ -88,13 +128,7 @@ def to_probs_sorted(logits: mx.array, config: SamplingConfig) -> mx.array:
     logits = logits.astype(mx.float32)
     if config.greedy:
         return (mx.arange(logits.shape[-1]) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    if 0 < config.top_p < 1.0:
-        logprobs = apply_top_p(logprobs, float32_top_p(config.top_p))
-    if config.min_p != 0.0:
-        logprobs = apply_min_p(logprobs, config.min_p)
-    if 0 < config.top_k < logprobs.shape[-1]:
-        logprobs = apply_top_k(logprobs, config.top_k)
+    logprobs = _sorted_filters(logits - mx.logsumexp(logits, axis=-1, keepdims=True), config)
     return mx.softmax(logprobs * (1.0 / config.temperature), axis=-1)
 
 
@@ -145,9 +179,11 @@ def pick_draft_token(
     if sampling.greedy:
         token = mx.argmax(logits).astype(mx.int32)
         return token, token[None], None
-    q = to_probs(logits, sampling)
-    token = sample(q, key, False)
-    return token, token[None], q
+    # Drawn as the target draws (categorical of a [1, V] row): with the target's key for this position, the draw is
+    # coupled to the target's own (decoding/keys.py)
+    scaled = scaled_logprobs(logits[None], sampling)[0]
+    token = mx.random.categorical(scaled, key=key)[0].astype(mx.int32)
+    return token, token[None], mx.softmax(scaled[0].astype(mx.float32), axis=-1)
 
 
 def first_token_allowed(logits: mx.array, allowed: mx.array) -> mx.array:

@@ -19,7 +19,8 @@ import mlx.core as mx
 
 from mlxspec.decoding.acceptance import accept_node_samples, accept_sampled_chain
 from mlxspec.decoding.draft import Draft
-from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs_checked, to_probs_sorted
+from mlxspec.decoding.keys import draw
+from mlxspec.decoding.sampling import SamplingConfig, scaled_logprobs, to_probs_checked, to_probs_sorted
 
 Host = Callable[[mx.array], list[int]]  # evaluates and reads an array on the host: the step's sync
 Mark = Callable[..., None]  # the engine's profiling mark: (phase, *arrays finished by then)
@@ -41,16 +42,15 @@ class Verdict:
 
 
 def target_samples(
-    logits: mx.array, sampling: SamplingConfig, key: mx.array | None, ranked: bool = False
+    logits: mx.array, sampling: SamplingConfig, keys: mx.array | None, ranked: bool = False
 ) -> tuple[mx.array, mx.array]:
-    """([N] one draw per row from the processed target distribution, the argmax when greedy; [] bool: some row
-    ranked too few candidates and must be redrawn with ranked=True, the whole vocabulary ranked, same key)."""
+    """([N] one draw per row from the processed target distribution, row i with keys[i] (its output position's
+    key, decoding/keys.py), the argmax when greedy; [] bool: some row ranked too few candidates and must be redrawn
+    with ranked=True, the whole vocabulary ranked, same keys)."""
     if sampling.greedy:
         return mx.argmax(logits, axis=-1).astype(mx.int32), mx.array(False)
-    if ranked:
-        return sample(to_probs_sorted(logits, sampling), key, False), mx.array(False)
-    probs, short = to_probs_checked(logits, sampling)
-    return sample(probs, key, False), short.any()
+    scaled, short = scaled_logprobs(logits, sampling, ranked)
+    return draw(scaled, keys), short.any()
 
 
 def verify_sampled_chain(
@@ -73,18 +73,18 @@ def verify_nodes(
     pending: list[int],
     logits: mx.array,
     sampling: SamplingConfig,
-    key: mx.array | None,
+    keys: mx.array | None,
     host: Host,
     mark: Mark,
 ) -> Verdict:
-    """A deterministic chain or tree, node by node: `accepted` is the deepest node whose path matched the target's
-    own samples."""
-    samples, short = target_samples(logits, sampling, key)
+    """A deterministic or coupled chain or tree, node by node: `accepted` is the deepest node whose path matched the
+    target's own samples, row i drawn with keys[i]."""
+    samples, short = target_samples(logits, sampling, keys)
     mark("target probs", samples)
     matched = accept_node_samples(draft, pending, samples)
     values = host(mx.concatenate([*matched, short[None].astype(mx.int32), draft.tokens]))
     redrawn = bool(values[2])
     if redrawn:
-        samples = target_samples(logits, sampling, key, ranked=True)[0]
+        samples = target_samples(logits, sampling, keys, ranked=True)[0]
         values[:2] = host(mx.concatenate(accept_node_samples(draft, pending, samples)))
     return Verdict(values[0], values[1], values[3:], redrawn)

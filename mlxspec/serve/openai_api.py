@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxspec import __version__
+from mlxspec.options import ACCEPTANCE_CHOICES
 from mlxspec.results import Stats
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -88,11 +89,6 @@ def _refuse_unsupported(body: dict, kind: str) -> None:
     response_format = body.get("response_format")
     if response_format not in (None, {"type": "text"}):
         raise RequestError("response_format other than text is not supported yet; drop it", "response_format")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise RequestError(f"{name} is not supported (it changes the model's distribution); drop it", name)
-    if body.get("logit_bias"):
-        raise RequestError("logit_bias is not supported; drop it", "logit_bias")
     if kind == "text":
         for name, neutral in (("echo", (None, False)), ("best_of", (None, 1)), ("suffix", (None, ""))):
             if body.get(name) not in neutral:
@@ -170,6 +166,29 @@ def _speculative(value: Any) -> dict:
     return changes
 
 
+def _penalties(body: dict) -> dict[str, Any]:
+    """OpenAI's presence_penalty, frequency_penalty (-2..2) and logit_bias ({"token id": -100..100}), and mlx-lm's
+    repetition_penalty and repetition_context_size, as DecodeOptions changes (values checked there too)."""
+    changes: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+        value = _typed(body, name, _is_number, "a number")
+        if value is not None and value != 0:
+            if name != "repetition_penalty" and not -2 <= value <= 2:
+                raise RequestError(f"{name} {value} is outside -2..2", name)
+            changes[name] = float(value)
+    if _typed(body, "repetition_context_size", _is_int, "a whole number") is not None:
+        changes["repetition_context_size"] = int(body["repetition_context_size"])
+    bias = _typed(body, "logit_bias", lambda v: isinstance(v, dict), "an object of token ids to numbers")
+    if bias:
+        for token, value in bias.items():
+            if not (isinstance(token, str) and token.isascii() and token.isdigit()):
+                raise RequestError(f"logit_bias key {token!r} is not a token id", "logit_bias")
+            if not _is_number(value) or not -100 <= value <= 100:
+                raise RequestError(f"logit_bias of token {token} is {value!r}, not a number in -100..100", "logit_bias")
+        changes["logit_bias"] = {int(token): float(value) for token, value in bias.items()}
+    return changes
+
+
 def parse_request(body: Any, kind: str) -> CompletionRequest:
     """Check a decoded JSON body of /v1/chat/completions (kind "chat") or /v1/completions ("text")."""
     if not isinstance(body, dict):
@@ -188,12 +207,17 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     for name in ("top_k", "seed"):
         if _typed(body, name, _is_int, "a whole number") is not None:
             changes[name] = int(body[name])
+    changes.update(_penalties(body))
     for name in ("max_completion_tokens", "max_tokens"):  # the newer name wins when both are sent
         value = _typed(body, name, _is_int, "a whole number")
         if value is not None and "max_tokens" not in changes:
             if value < 1:
                 raise RequestError(f"{name} {value} must be at least 1", name)
             changes["max_tokens"] = value
+    choices = f"one of {', '.join(ACCEPTANCE_CHOICES)}"
+    acceptance = _typed(body, "acceptance", lambda v: isinstance(v, str) and v in ACCEPTANCE_CHOICES, choices)
+    if acceptance is not None:
+        changes["acceptance"] = acceptance
     stop = body.get("stop")
     if stop is not None:
         if not (isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
@@ -216,6 +240,10 @@ OPTION_PARAMS = {
     "top_k": "top_k",
     "min_p": "min_p",
     "seed": "seed",
+    "acceptance": "acceptance",
+    "logit_bias": "logit_bias",
+    "repetition_penalty": "repetition_penalty",
+    "repetition_context_size": "repetition_context_size",
     "stop": "stop",
     "num_draft": "speculative.num_draft",
 }

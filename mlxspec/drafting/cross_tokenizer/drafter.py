@@ -115,7 +115,7 @@ class CrossTokenizerDrafter(Drafter):
                 return self._slem(self.proposal.tolist(), num_tokens)
             except UNTRACEABLE:
                 self._go_eager()
-        keys = None if greedy else mx.random.split(key, count)
+        keys = None if greedy else key  # [count, 2]: a draw per draft token (not coupled: another vocabulary)
         inputs = mx.array(self.draft_ids[self.fed :], dtype=mx.int32)
         tokens, target_probs = [], []
         for i in range(count):

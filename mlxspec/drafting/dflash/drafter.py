@@ -23,7 +23,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.decoding.draft import Draft, Drafter, common_prefix
-from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs
+from mlxspec.decoding.keys import draw
+from mlxspec.decoding.sampling import SamplingConfig, scaled_logprobs
 from mlxspec.decoding.target_features import output_head, text_model
 from mlxspec.decoding.trees import TreeShape
 from mlxspec.drafting.dflash.model import DFlashDraftModel
@@ -98,8 +99,9 @@ class DFlashDrafter(Drafter):
             return self._tree(logits)
         if self.sampling.greedy:
             return Draft(mx.argmax(logits, axis=-1).astype(mx.int32))
-        q = to_probs(logits, self.sampling)  # [n, V]: any q is exact under rejection sampling
-        return Draft(sample(q, key, False), q)
+        scaled = scaled_logprobs(logits, self.sampling)[0]  # [n, V], drawn as the target draws (keys.py)
+        tokens = draw(scaled, key[:num_tokens])
+        return Draft(tokens, mx.softmax(scaled.astype(mx.float32), axis=-1))
 
     def _tree(self, logits: mx.array) -> Draft:
         logp = nn.log_softmax(logits.astype(mx.float32), axis=-1)

@@ -152,10 +152,10 @@ class CompiledDraftChain:
             self.offset += len(piece)
         mx.eval(self.keys, self.values)
 
-    def propose(self, pending: list[int], num_tokens: int, key: mx.array | None) -> tuple[mx.array, mx.array | None]:
+    def propose(self, pending: list[int], num_tokens: int, keys: mx.array | None) -> tuple[mx.array, mx.array | None]:
         """Lazily draft num_tokens after feeding `pending`; the cache keeps pending + the first K-1 drafts."""
         self.reserve(self.offset + len(pending) + num_tokens)
-        random_keys = mx.random.split(key, num_tokens) if key is not None else mx.zeros((0,))
+        random_keys = keys if keys is not None else mx.zeros((0,))
         keys, values = self.keys, self.values
         self.keys = self.values = []  # drop our references so the graph may update the buffers in place
         tokens, probs, self.keys, self.values = self._chain(

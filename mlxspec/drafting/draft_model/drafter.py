@@ -101,16 +101,16 @@ class DraftModelDrafter(Drafter):
             self.fed += len(todo)
             mx.eval([c.state for c in self.cache])
 
-    def propose(self, num_tokens: int, key: mx.array | None) -> Draft:
+    def propose(self, num_tokens: int, keys: mx.array | None) -> Draft:
         k, greedy = self.tree_topk, self.sampling.greedy
         if self.compiled:
             try:
-                tokens, probs = self.compiled.propose(self._pending(), num_tokens, None if greedy or k > 1 else key)
+                tokens, probs = self.compiled.propose(self._pending(), num_tokens, None if greedy or k > 1 else keys)
                 return self._draft(tokens, probs, num_tokens)
             except UNTRACEABLE:
                 self._go_eager()
         inputs = mx.array(self._pending(), dtype=mx.int32)
-        keys = None if greedy or k > 1 else mx.random.split(key, num_tokens)
+        keys = None if greedy or k > 1 else keys
         tokens, probs = [], []
         self._snapshots = []
         for i in range(num_tokens):

@@ -79,17 +79,16 @@ class FeatureDrafter(Drafter):
         self.features, self.fed = [], self.fed + rows
         return logits[0, -1], produced[0, -1]
 
-    def propose(self, num_tokens: int, key: mx.array | None) -> Draft | None:
+    def propose(self, num_tokens: int, keys: mx.array | None) -> Draft | None:
         start = self._catch_up()
         if start is None:
             return None
         self.calls += 1
         if self.beam > 1:
             return self._tree(*start, num_tokens)
-        return self._chain(*start, num_tokens, key)
+        return self._chain(*start, num_tokens, keys)
 
-    def _chain(self, logits: mx.array, feature: mx.array, num_tokens: int, key: mx.array | None) -> Draft:
-        keys = None if self.sampling.greedy else mx.random.split(key, num_tokens)
+    def _chain(self, logits: mx.array, feature: mx.array, num_tokens: int, keys: mx.array | None) -> Draft:
         tokens, probs = [], []
         for i in range(num_tokens):
             token, proposed, q = pick_draft_token(logits, self.sampling, 1, None if keys is None else keys[i])

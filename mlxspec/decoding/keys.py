@@ -1,0 +1,49 @@
+"""Random keys by output position: what makes a seed give one text whatever drafted.
+
+mlx-lm's seeded sampling (`mx.random.seed(s)`, then one `mx.random.categorical` per token) draws token t with the
+t-th key of the global sequence: starting from `mx.random.key(s)`, each draw splits the key and uses the second half.
+`PositionKeys` derives the same keys, by absolute output position (the first generated token is position 0), never
+by step, draft length or batch. The target's token at position t is categorical(its processed logits, key_t), as
+plain decoding draws it; a drafter that samples position t with the same key over the same vocabulary width makes
+the coupled draw (Gumbel-max: both take the argmax of their logits plus the same noise), so verification keeps a
+draft exactly when it equals the target's own draw, and the text is a function of the seed and the target alone
+(Daliri, Musco and Suresh, arXiv 2408.07978).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+KEYS_PER_BATCH = 32  # derived ahead in batches of this many positions
+
+
+class PositionKeys:
+    """key_t for output positions t = 0, 1, ... of one run seeded with `seed`."""
+
+    def __init__(self, seed: int):
+        self.state = mx.random.key(seed)
+        self.keys: list[mx.array] = []
+
+    def _extend(self, count: int) -> None:
+        while len(self.keys) < count:
+            for _ in range(KEYS_PER_BATCH):  # lazy: computed within the step that first uses them (no extra sync)
+                self.state, key = mx.random.split(self.state)
+                self.keys.append(key)
+
+    def at(self, position: int) -> mx.array:
+        """key_position: [2] uint32."""
+        self._extend(position + 1)
+        return self.keys[position]
+
+    def span(self, start: int, count: int) -> mx.array:
+        """[count, 2]: the keys of positions start .. start + count - 1."""
+        self._extend(start + count)
+        return mx.stack(self.keys[start : start + count])
+
+
+def draw(scaled_logits: mx.array, keys: mx.array) -> mx.array:
+    """One token per row: rows [N, V] of processed, temperature-scaled log-probabilities (sampling.scaled_logprobs),
+    row i drawn with keys[i] exactly as mlx-lm draws it (`categorical` of a [1, V] row; MLX's noise depends on the
+    shape, so every caller draws [1, V] rows). -> [N] int32."""
+    rows = [mx.random.categorical(scaled_logits[i : i + 1], key=keys[i]) for i in range(scaled_logits.shape[0])]
+    return mx.concatenate(rows).astype(mx.int32)
