@@ -69,3 +69,28 @@ def test_the_note_names_the_slow_part():
     assert "one draft forward takes 12.0 ms against the target's 10.0 ms" in note and "--remeasure" in note
     steep = CostCurve({1: 0.010, 2: 0.020, 4: 0.040, 8: 0.080}, 0.0005, 256, "test")
     assert "verifying 4 tokens costs 4.0x one" in why_drafting_cannot_pay(steep, 3)
+
+
+def test_a_busy_spell_that_timed_drafting_slow_does_not_hold_the_pause():
+    """Drafting steps timed during a busy moment (300 ms a token, say) paused drafting; probes come every 8 steps,
+    then less often. An estimate now fades with the steps since it was measured, so two fast probes (30 ms a token
+    against plain's 50) end the pause. It held for about eight probes, hundreds of steps, when each probe only
+    moved the estimate a fifth of the way."""
+    from mlxspec.decoding.costs import WARMUP_STEPS, CostCurve, DraftLengthController
+
+    curve = CostCurve({n: 0.010 for n in range(1, 9)}, 0.0, 256, "test")  # flat: every length looks free
+    controller = DraftLengthController(curve, 4, pause=True)
+    for _ in range(WARMUP_STEPS):
+        controller.observe(True, 1.0, 1)
+    for _ in range(4):
+        controller.observe(True, 0.300, 1)  # the busy spell
+    controller.observe(False, 0.050, 1)
+    assert controller.drafting_measured_slower()
+    probes = 0
+    for _ in range(200):
+        k = controller.next_length()
+        if not controller.paused:
+            break
+        probes += k > 0
+        controller.observe(k > 0, 0.060 if k else 0.050, 2 if k else 1)
+    assert not controller.paused and probes <= 2, probes

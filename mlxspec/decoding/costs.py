@@ -262,6 +262,7 @@ class DraftLengthController:
         self.timed = True  # False: step timings never pause drafting (the lengths follow the text alone)
         self.paused, self.mode_steps, self.probe_interval, self.observed_steps = False, 0, PROBE_EVERY, 0
         self.seconds_per_token: dict[bool, float] = {}  # measured, drafting (True) and plain (False) steps
+        self.last_observed: dict[bool, int] = {}  # the observed step each mode was last timed at
         self.committed_plain = False  # plain_next promised the coming step is plain (its forward is queued)
         # Acceptance counts with exponential forgetting; the prior counts as two steps' worth.
         self.successes, self.failures = 2 * prior_alpha, 2 * (1 - prior_alpha)
@@ -324,7 +325,11 @@ class DraftLengthController:
             return
         rate = seconds / tokens
         old = self.seconds_per_token.get(drafted)
-        self.seconds_per_token[drafted] = rate if old is None else STEP_MEMORY * old + (1 - STEP_MEMORY) * rate
+        # An estimate fades with the steps since it was measured, not with its own count: a probe after a long
+        # pause mostly replaces what a busy moment measured, so a noisy spell cannot hold a pause for good.
+        memory = STEP_MEMORY ** (self.observed_steps - self.last_observed.get(drafted, self.observed_steps - 1))
+        self.seconds_per_token[drafted] = rate if old is None else memory * old + (1 - memory) * rate
+        self.last_observed[drafted] = self.observed_steps
 
     def update(self, drafted: int, accepted: int) -> None:
         """A chain stops at its first rejection: `accepted` successes, then one failure unless all were accepted."""
