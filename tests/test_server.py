@@ -257,6 +257,18 @@ def test_stop_strings_and_seeds(client):
     )
 
 
+def test_n_choices_are_the_rows_of_one_batch_each_with_its_own_seed(client):
+    """n > 1: n rows decoded together, choice i seeded seed + i, so each equals the one-choice answer with that
+    seed; the usage counts the prompt once and every choice's tokens."""
+    several = chat(client, max_tokens=16, temperature=1.0, seed=40, n=3)
+    alone = [chat(client, max_tokens=16, temperature=1.0, seed=40 + i) for i in range(3)]
+    assert [c.index for c in several.choices] == [0, 1, 2]
+    assert [c.message.content for c in several.choices] == [a.choices[0].message.content for a in alone]
+    assert len({c.message.content for c in several.choices}) > 1
+    assert several.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert several.usage.prompt_tokens == alone[0].usage.prompt_tokens
+
+
 def test_penalties_and_a_logit_bias_are_applied_as_the_api_applies_them(client):
     """OpenAI's presence and frequency penalties and logit bias, mlx-lm's repetition penalty: the server's text
     equals the API's with the same settings, speculating or not, and differs from the text without them."""
@@ -285,7 +297,8 @@ def test_turning_drafting_off_per_request_changes_only_the_speed(client):
     [
         (dict(max_tokens=-1), "max_tokens"),
         (dict(temperature="hot"), "temperature"),
-        (dict(n=2), "n"),
+        (dict(n=0), "n"),
+        (dict(n=2, stream=True), "n"),
         (dict(logprobs=True), "logprobs"),
         (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
         (dict(content="x = 1\n" * 300), "messages"),  # longer than the 512-token context

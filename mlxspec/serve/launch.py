@@ -14,7 +14,8 @@ from typing import Any
 import uvicorn
 
 from mlxspec.errors import UserError
-from mlxspec.serve.server import OpenAIServer, ServeConfig, Worker
+from mlxspec.serve.server import OpenAIServer, ServeConfig
+from mlxspec.serve.worker import Worker
 
 
 class GracefulServer(uvicorn.Server):

@@ -55,6 +55,10 @@ class CompletionRequest:
     changes: dict = field(default_factory=dict)
     stream: bool = False
     include_usage: bool = False
+    n: int = 1  # choices: n rows of one batch, seeds seed, seed + 1, ... when a seed is given
+
+
+MAX_CHOICES = 16
 
 
 def _is_int(value: Any) -> bool:
@@ -74,8 +78,11 @@ def _typed(body: dict, name: str, check, kind: str) -> Any:
 
 def _refuse_unsupported(body: dict, kind: str) -> None:
     """Parameters whose effect mlxspec does not implement: a clear 400 rather than a silently different answer."""
-    if body.get("n") not in (None, 1):
-        raise RequestError(f"n {body['n']!r}: one choice per request is supported; send n=1 or repeat it", "n")
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or not 1 <= n <= MAX_CHOICES):
+        raise RequestError(f"n {n!r} must be a whole number of choices in 1..{MAX_CHOICES}", "n")
+    if n not in (None, 1) and body.get("stream"):
+        raise RequestError(f"n {n} with stream is not supported yet; stream one choice, or drop stream", "n")
     if (kind == "chat" and body.get("logprobs") not in (None, False)) or body.get("top_logprobs") not in (None, 0):
         raise RequestError("logprobs are not supported yet; drop logprobs and top_logprobs", "logprobs")
     if kind == "text" and body.get("logprobs") not in (None, 0):
@@ -224,7 +231,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
             raise RequestError(f"stop {stop!r} must be a string or a list of strings", "stop")
         changes["stop"] = [s for s in ([stop] if isinstance(stop, str) else stop) if s]
     changes.update(_speculative(body.get("speculative")))
-    request = CompletionRequest(kind, stream=stream, include_usage=include_usage, changes=changes)
+    request = CompletionRequest(kind, stream=stream, include_usage=include_usage, changes=changes, n=body.get("n") or 1)
     if kind == "chat":
         request.messages = _messages(body)
     else:
@@ -309,12 +316,23 @@ class Reply:
 
 def completion(reply: Reply, text: str, finish: str | None, stats: Stats) -> dict:
     """The whole (non-streamed) response."""
-    if reply.kind == "chat":
-        message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-    return {**reply.head(streamed=False), "choices": [choice], "usage": usage(stats)}
+    return completions(reply, [(text, finish, stats)])
+
+
+def completions(reply: Reply, choices: list[tuple[str, str | None, Stats]]) -> dict:
+    """The whole response with one choice per (text, finish reason, stats): the usage counts the prompt once and
+    every choice's tokens; its speculative part is the first choice's."""
+    out = []
+    for index, (text, finish, _) in enumerate(choices):
+        if reply.kind == "chat":
+            message = {"role": "assistant", "content": text}
+            out.append({"index": index, "message": message, "logprobs": None, "finish_reason": finish})
+        else:
+            out.append({"index": index, "text": text, "finish_reason": finish, "logprobs": None})
+    total = usage(choices[0][2])
+    total["completion_tokens"] = sum(stats.generated_tokens for _, _, stats in choices)
+    total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
+    return {**reply.head(streamed=False), "choices": out, "usage": total}
 
 
 def role_chunk(reply: Reply) -> dict:

@@ -10,16 +10,12 @@ stops its generation at the next step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
-import queue
-import sys
 import threading
 import time
-import traceback
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +28,10 @@ from starlette.routing import Route
 
 from mlxspec.chat_template import encode_messages
 from mlxspec.errors import UserError
-from mlxspec.options import DecodeOptions
+from mlxspec.options import MAX_SEED, DecodeOptions
 from mlxspec.serve import openai_api as wire
 from mlxspec.serve.openai_api import CompletionRequest, RequestError
+from mlxspec.serve.worker import Job, Worker, shutting_down
 
 POLL_SECONDS = 0.25  # how often a waiting handler checks whether its client is still there
 
@@ -48,160 +45,6 @@ class ServeConfig:
     max_context: int | None = None  # longest prompt in tokens a request may send (None: the model's context)
     max_body_bytes: int = 16 * 2**20  # a longer request body gets 413 before it is parsed
     verbose: bool = False
-
-
-class Job:
-    """One request's generation: the worker emits (kind, payload) events onto the handler's event loop."""
-
-    def __init__(self, tokens: list[int], options: DecodeOptions, loop: asyncio.AbstractEventLoop):
-        self.tokens, self.options, self.loop = tokens, options, loop
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.cancelled = threading.Event()  # set by the handler when its client is gone
-
-    def emit(self, kind: str, payload: Any = None) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
-
-
-class Worker:
-    """The thread that loads the Speculator and runs jobs FIFO. Events: chunk (a Chunk), done (Stats), error."""
-
-    def __init__(
-        self,
-        load: Callable[[], Any],
-        max_queue: int,
-        verbose: bool = False,
-        closing: threading.Event | None = None,
-        max_batch: int = 1,
-    ):
-        self._load, self.verbose, self.max_batch = load, verbose, max_batch
-        self.closing = closing or threading.Event()  # set on shutdown: open and waiting jobs end with an error
-        self.max_queue = max_queue
-        self.jobs: queue.Queue = queue.Queue()  # bounded by submit: max_queue beyond the batch's free rows
-        self.decoding = 0  # rows decoding now (batched)
-        self._submit_lock = threading.Lock()
-        self.speculator: Any = None
-        self.busy = False
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="mlxspec-worker", daemon=True)
-
-    def start(self) -> None:
-        """Load in the worker thread (MLX state stays on one thread); a load error is raised here."""
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-
-    def submit(self, job: Job) -> None:
-        with self._submit_lock:  # (handlers run on several threads)
-            free_rows = max(0, self.max_batch - self.decoding) if self.max_batch > 1 else 0
-            if self.jobs.qsize() >= self.max_queue + free_rows:
-                raise RequestError(
-                    f"the server is busy: {self.max_queue} requests are already waiting; retry later", status=503
-                )
-            self.jobs.put_nowait(job)
-
-    def _main(self) -> None:
-        try:
-            self.speculator = self._load()
-        except BaseException as error:  # reported by start(), in the main thread
-            self._error = error
-        self._ready.set()
-        if self._error is None and self.max_batch > 1:
-            self._batched()
-        while self._error is None:
-            job = self.jobs.get()
-            self.busy = True
-            try:
-                self.run(job)
-            finally:
-                self.busy = False
-
-    def run(self, job: Job) -> None:
-        if job.cancelled.is_set():  # its client left while it waited
-            return
-        if self.closing.is_set():
-            job.emit("error", shutting_down())
-            return
-        spec = self.speculator
-        try:
-            # closing(): stopping early ends the stream now, so its caches are kept for a next request.
-            with contextlib.closing(spec.stream(job.tokens, job.options)) as chunks:
-                for chunk in chunks:
-                    job.emit("chunk", chunk)
-                    if job.cancelled.is_set() or self.closing.is_set():
-                        break
-            if self.closing.is_set() and not job.cancelled.is_set():
-                job.emit("error", shutting_down())
-                return
-            gone = job.cancelled.is_set()  # read before "done": a stream read to its end marks its job cancelled
-            job.emit("done", spec.last_stats)
-            self.log(spec.last_stats, gone)
-        except Exception as error:
-            self._fail(job, error)
-
-    def _batched(self) -> None:
-        """Continuous batching (batching.py): up to max_batch jobs decode together, admitted between steps."""
-        from mlxspec.batching import BatchRows
-        from mlxspec.results import Stats
-
-        rows, jobs = BatchRows(), {}
-        while True:
-            while len(rows.rows) < self.max_batch:
-                try:
-                    job = self.jobs.get(block=not rows.rows)
-                except queue.Empty:
-                    break
-                if job.cancelled.is_set():
-                    continue  # its client left while it waited
-                if self.closing.is_set():
-                    job.emit("error", shutting_down())
-                    continue
-                stats = Stats()
-                events = self.speculator.events(job.tokens, job.options, stats, rows.count, rows.may_draft)
-                jobs[id(rows.add(events, stats, lambda chunk, job=job: job.emit("chunk", chunk)))] = job
-            for row in list(rows.rows):  # a client gone, or the server stopping: its row leaves now
-                job = jobs[id(row)]
-                if job.cancelled.is_set() or self.closing.is_set():
-                    rows.drop(row)
-                    self._end(jobs.pop(id(row)), row)
-            self.busy, self.decoding = bool(rows.rows), len(rows.rows)
-            for row in rows.round():
-                self._end(jobs.pop(id(row)), row)
-            self.busy, self.decoding = bool(rows.rows), len(rows.rows)
-
-    def _end(self, job: Job, row) -> None:
-        """Tell a batched job's handler how its row ended: done, an error of its own, or the server stopping."""
-        gone = job.cancelled.is_set()  # read before "done": a stream read to its end marks its job cancelled
-        if self.closing.is_set() and not gone:
-            job.emit("error", shutting_down())
-        elif row.error is not None:
-            self._fail(job, row.error)
-        else:
-            job.emit("done", row.stats)
-            self.log(row.stats, gone)
-
-    def _fail(self, job: Job, error: Exception) -> None:
-        """A failed generation: the request's own mistake is a 400; anything else is a 500 with its traceback on
-        stderr, and the prompt cache is dropped (a failure may have left a kept cache half-fed)."""
-        if isinstance(error, UserError):
-            job.emit("error", RequestError(str(error)))
-            return
-        traceback.print_exception(error, file=sys.stderr)
-        if self.speculator.prompt_cache is not None:
-            self.speculator.prompt_cache.clear()
-        job.emit("error", RequestError(f"generation failed: {type(error).__name__}: {error}", status=500))
-
-    def log(self, stats, cancelled: bool) -> None:
-        if self.verbose:
-            end = "client gone, stopped" if cancelled else "done"
-            reuse = f"reused={stats.reused_tokens} ({stats.prompt_cache})"
-            print(f"mlxspec: {end} {reuse} {stats.line()}", file=sys.stderr, flush=True)
-
-
-def shutting_down() -> RequestError:
-    """What a request gets once the server is stopping (a new error each time: they are raised and relayed)."""
-    return RequestError("the server is shutting down; retry against a running one", status=503, code="shutting_down")
 
 
 def sse(obj: dict | str) -> str:
@@ -298,6 +141,8 @@ class OpenAIServer:
         parsed = wire.parse_request(body, kind)
         created = int(time.time())  # this completion's own time, as OpenAI's responses carry
         tokens, options = await run_in_threadpool(self.prepare, parsed)
+        if parsed.n > 1:
+            return JSONResponse(await self.several(parsed, tokens, options, created, request))
         job = Job(tokens, options, asyncio.get_running_loop())
         self.worker.submit(job)
         first = await self.next_event(job, request)  # waits out the queue
@@ -309,7 +154,26 @@ class OpenAIServer:
         reply = wire.Reply(kind, rid, created, self.config.model_id, parsed.stream and parsed.include_usage)
         if parsed.stream:
             return StreamingResponse(self.stream(job, reply, first), media_type="text/event-stream")
-        return JSONResponse(await self.collect(job, reply, first, request))
+        got = await self.collect(job, first, request)
+        return JSONResponse(wire.completion(reply, *got) if got else {})
+
+    async def several(self, parsed: CompletionRequest, tokens: list[int], options, created: int, request) -> dict:
+        """n choices as n rows decoded together: choice i with seed + i (each a random seed when none is given),
+        so a seeded request repeats all its choices."""
+        loop = asyncio.get_running_loop()
+        seeds = [None if options.seed is None else (options.seed + i) % (MAX_SEED + 1) for i in range(parsed.n)]
+        jobs = [Job(tokens, options.updated(seed=seed), loop) for seed in seeds]
+        try:
+            for job in jobs:
+                self.worker.submit(job)
+            choices = [await self.collect(job, await self.next_event(job, request), request) for job in jobs]
+        finally:
+            for job in jobs:  # a no-op for finished rows; the others (a refusal or an error above) stop
+                job.cancelled.set()
+        if None in choices:
+            return {}  # disconnected
+        rid = f"{'chatcmpl' if parsed.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        return wire.completions(wire.Reply(parsed.kind, rid, created, self.config.model_id), choices)
 
     async def read_body(self, request: Request) -> bytes:
         """The body, refused with 413 past max_body_bytes (by its declared length, or while it streams in)."""
@@ -357,18 +221,20 @@ class OpenAIServer:
                     job.cancelled.set()
                     return None
 
-    async def collect(self, job: Job, reply: wire.Reply, event, request: Request) -> dict:
+    async def collect(self, job: Job, event, request: Request) -> tuple[str, str | None, Any] | None:
+        """(text, finish reason, stats) of a job from its first event on; None once the client is gone (the
+        worker stops at its next step)."""
         pieces, finish = [], None
         while event is not None:
             kind, payload = event
             if kind == "error":
                 raise payload
             if kind == "done":
-                return wire.completion(reply, "".join(pieces), finish, payload)
+                return "".join(pieces), finish, payload
             pieces.append(payload.text)
             finish = payload.finish_reason or finish
             event = await self.next_event(job, request)
-        return {}  # disconnected: the worker stops at its next step
+        return None
 
     async def stream(self, job: Job, reply: wire.Reply, event) -> AsyncIterator[str]:
         """Server-sent events; a client that disconnects cancels this generator, which cancels the job."""
