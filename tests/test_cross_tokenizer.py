@@ -227,3 +227,20 @@ def test_the_planner_counts_the_drafts_own_tokens_for_the_same_text(other_bpe_dr
     assert code == 0, err
     assert f"another tokenizer: {ratio:.2f} draft tokens per target token" in out
     assert "drafts across the tokenizers" in out
+
+
+def test_a_sampled_cross_tokenizer_draft_writes_plain_decodings_text_for_a_seed(tiny_dirs, tmp_path):
+    """The draft draws each token in the target's ids with the target's key for that position (the coupled draw):
+    a seed writes plain decoding's text, and the target's own weights behind another tokenizer ("h" for "c") are
+    kept more often than when the draft drew with keys of its own."""
+    twin = save_tiny_model_dir(tmp_path / "twin", seed=0, tokenizer_chars="abhdefg", max_position_embeddings=40)
+    spec = mlxspec.load(tiny_dirs["target"], draft=twin)
+    plain = mlxspec.load(tiny_dirs["target"], draft=None)
+    drafted = accepted = 0
+    for seed in range(12):
+        options = DecodeOptions(max_tokens=12, temperature=1.0, seed=seed, num_draft=3, stop_at_eos=False)
+        result = spec.generate([1, 2, 1], options)
+        assert result.tokens == plain.generate([1, 2, 1], options).tokens, seed
+        drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+    # kept: 51 of 253 drafts coupled (38 of 278 when the draft drew apart from the target's key)
+    assert result.stats.mode.startswith("draft-xtok") and accepted > 0.15 * drafted, (accepted, drafted)

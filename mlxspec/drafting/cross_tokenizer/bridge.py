@@ -123,6 +123,9 @@ class VocabBridge:
         self.shared_draft_ids = mx.array(shared_ids.astype(np.int32))
         self.shared_target_ids = mx.array(to_target[shared_ids].astype(np.int32))
         self.to_target_mx = mx.array(np.maximum(to_target, 0).astype(np.int32))
+        to_draft = np.zeros(target_width, dtype=np.int32)  # a shared target token's draft id (one of them)
+        to_draft[to_target[shared_ids]] = shared_ids
+        self.to_draft_mx = mx.array(to_draft)
 
     def describe(self) -> str:
         return (

@@ -31,7 +31,7 @@ import mlx.nn as nn
 from mlxspec.cache.recurrent import recurrent_leaves
 from mlxspec.cache.rollback import make_speculative_cache, rollback
 from mlxspec.decoding.draft import Draft, Drafter
-from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs
+from mlxspec.decoding.sampling import SamplingConfig, to_probs
 from mlxspec.drafting.cross_tokenizer.bridge import VocabBridge, complete_utf8
 from mlxspec.drafting.draft_model.compiled import UNTRACEABLE, CompiledDraftChain, supports_compiled_draft
 from mlxspec.errors import UserError
@@ -115,7 +115,7 @@ class CrossTokenizerDrafter(Drafter):
                 return self._slem(self.proposal.tolist(), num_tokens)
             except UNTRACEABLE:
                 self._go_eager()
-        keys = None if greedy else key  # [count, 2]: a draw per draft token (not coupled: another vocabulary)
+        keys = None if greedy else key  # [count, 2]: each draft token's output position's key
         inputs = mx.array(self.draft_ids[self.fed :], dtype=mx.int32)
         tokens, target_probs = [], []
         for i in range(count):
@@ -142,10 +142,12 @@ class CrossTokenizerDrafter(Drafter):
         total = q.sum()
         uniform = self.bridge.shared_mask.astype(q.dtype) / self.bridge.shared
         q = mx.where(total > 0, q / mx.maximum(total, 1e-30), uniform)
-        token = sample(q, key, False)
         on_target = mx.zeros(self.bridge.target_width, dtype=q.dtype)
         on_target = on_target.at[self.bridge.shared_target_ids].add(q[self.bridge.shared_draft_ids])
-        return token, on_target
+        # Drawn in target ids with the target's key for this position, as the target draws (a [1, V] row): the
+        # coupled draw (decoding/keys.py); the draft model goes on with that token's draft id
+        target_token = mx.random.categorical(mx.log(on_target)[None], key=key)[0]
+        return self.bridge.to_draft_mx[target_token], on_target
 
     def _slem(self, proposal: list[int], num_tokens: int) -> Draft | None:
         ended = next((i for i, t in enumerate(proposal) if t in self.bridge.draft_eos), None)
