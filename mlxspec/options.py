@@ -17,6 +17,7 @@ from mlxspec.errors import UserError
 MIN_TEMPERATURE = 1e-6
 KERNEL_CHOICES = ("auto", "on", "off")  # the verify kernel (kernels/verify.py): on where built, always, never
 ACCEPTANCE_CHOICES = ("coupled", "residual")  # how sampled drafts are verified (DecodeOptions.acceptance)
+MAX_TOP_LOGPROBS = 20  # alternatives reported per token, as OpenAI's top_logprobs allows
 MAX_CONTEXT_SIZE = 1 << 20  # a penalty's context: more tokens than any context window holds
 MAX_NUM_DRAFT = 64  # the longest chain, or the deepest tree, one step may draft
 ADAPTIVE_MAX_DRAFT = 8  # the longest chain the adaptive controller may choose
@@ -100,6 +101,9 @@ class DecodeOptions:
     frequency_penalty: float | None = None
     frequency_context_size: int = 20
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    # None: no log-probabilities; N: each token's own and its N most likely alternatives' (mlx-lm's logprobs: after
+    # the processors, before temperature and the filters)
+    logprobs: int | None = None
     # the prompt
     chat: bool = False
     heal: bool = False  # token healing: the first token may re-complete the prompt's last one
@@ -219,6 +223,8 @@ class DecodeOptions:
         if self.draft_window is not None and (not _is_int(self.draft_window) or self.draft_window < 1):
             raise UserError(f"draft_window {self.draft_window!r} must be a whole number of tokens >= 1")
         logit_bias = self._checked_processors(vocab_size)
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise UserError(f"logprobs {self.logprobs!r} must be None or a whole number in 0..{MAX_TOP_LOGPROBS}")
         if self.acceptance not in ACCEPTANCE_CHOICES:
             raise UserError(f"acceptance {self.acceptance!r} is not one of {', '.join(ACCEPTANCE_CHOICES)}")
         if self.kernel not in KERNEL_CHOICES:

@@ -92,6 +92,7 @@ class Chunk:
     text: str
     tokens: list[int]
     finish_reason: str | None = None  # "stop" (EOS or a stop string), "length", or None while running
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None  # per token, with logprobs asked for
 
 
 @dataclass

@@ -270,7 +270,7 @@ class Speculator:
             stats.generation_seconds = time.perf_counter() - start
             stats.draft_calls = drafter.calls if drafter is not None else 0
             stats.peak_memory_bytes = mx.get_peak_memory()
-            yield Chunk(piece, new_tokens, finish)
+            yield Chunk(piece, new_tokens, finish, None if step.logprobs is None else step.logprobs[: len(new_tokens)])
 
     def _chain_if_no_trees(self, options: DecodeOptions) -> tuple[DecodeOptions, str]:
         """A tree on a target that cannot verify one drafts a chain as deep instead, with a note saying why."""

@@ -69,7 +69,9 @@ def test_a_completions_prompt_may_be_text_token_ids_or_a_batch_of_one():
         ({"messages": MESSAGES, "n": 17}, "chat", "n"),
         ({"messages": MESSAGES, "n": "2"}, "chat", "n"),
         ({"messages": MESSAGES, "n": 2, "stream": True}, "chat", "n"),
-        ({"messages": MESSAGES, "logprobs": True}, "chat", "logprobs"),
+        ({"messages": MESSAGES, "logprobs": "yes"}, "chat", "logprobs"),
+        ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "chat", "top_logprobs"),
+        ({"messages": MESSAGES, "top_logprobs": 2}, "chat", "top_logprobs"),
         ({"messages": MESSAGES, "tool_choice": "auto"}, "chat", "tool_choice"),
         ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "chat", "response_format"),
         ({"messages": MESSAGES, "frequency_penalty": 2.5}, "chat", "frequency_penalty"),
@@ -85,7 +87,8 @@ def test_a_completions_prompt_may_be_text_token_ids_or_a_batch_of_one():
         ({"prompt": 5}, "text", "prompt"),
         ({"prompt": "a", "echo": True}, "text", "echo"),
         ({"prompt": "a", "best_of": 2}, "text", "best_of"),
-        ({"prompt": "a", "logprobs": 5}, "text", "logprobs"),
+        ({"prompt": "a", "logprobs": 6}, "text", "logprobs"),
+        ({"prompt": "a", "logprobs": True}, "text", "logprobs"),
     ],
 )
 def test_refusals_name_the_parameter(body, kind, param):
@@ -139,3 +142,10 @@ def test_penalties_and_a_logit_bias_become_decode_options():
     assert changes["presence_penalty"] == 0.5 and changes["frequency_penalty"] == -0.2
     assert changes["logit_bias"] == {12: -100.0, 7: 3.0}
     assert changes["repetition_penalty"] == 1.2 and changes["repetition_context_size"] == 64
+
+
+def test_logprobs_requests_become_the_number_of_alternatives():
+    assert parse_request({"messages": MESSAGES, "logprobs": True, "top_logprobs": 3}, "chat").changes["logprobs"] == 3
+    assert parse_request({"messages": MESSAGES, "logprobs": True}, "chat").changes["logprobs"] == 0
+    assert "logprobs" not in parse_request({"messages": MESSAGES, "logprobs": False}, "chat").changes
+    assert parse_request({"prompt": "a", "logprobs": 2}, "text").changes["logprobs"] == 2

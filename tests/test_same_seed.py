@@ -166,3 +166,23 @@ def test_bad_penalty_settings_are_refused_by_name(spec, cli_run):
             spec.generate(PROMPT, max_tokens=2, **changes)
     code, _, err = cli_run("generate", PROMPT, "--logit-bias", "12", "--max-tokens", "2")
     assert code == 2 and "--logit-bias '12' is not TOKEN_ID=BIAS" in err
+
+
+def test_logprobs_equal_mlx_lms_under_every_drafter(spec):
+    """Each token's log-probability and its top alternatives, as mlx-lm's generate_step reports them (after the
+    processors, before temperature): plain decoding, a chain, a tree and lookup all report the same."""
+    import numpy as np
+
+    prompt = spec.tokenizer.encode(PROMPT)
+    mx.random.seed(5)
+    stream = generate_step(mx.array(prompt), spec.target.model, max_tokens=20, sampler=make_sampler(0.7))
+    reference = [(int(token), np.array(logprobs)) for token, logprobs in stream]
+    for run in (dict(use_draft=False), dict(num_draft=3), dict(num_draft=3, tree_topk=2), dict(lookup=True)):
+        chunks = list(spec.stream(prompt, max_tokens=20, temperature=0.7, seed=5, stop_at_eos=False, logprobs=3, **run))
+        got = [entry for chunk in chunks for entry in chunk.logprobs]
+        assert [t for c in chunks for t in c.tokens] == [t for t, _ in reference], run
+        for (value, top), (token, logprobs) in zip(got, reference, strict=True):
+            assert value == pytest.approx(float(logprobs[token]), abs=1e-5)
+            assert [i for i, _ in top] == np.argsort(-logprobs, kind="stable")[:3].tolist()
+    with pytest.raises(UserError, match="logprobs 21 must be None or a whole number in 0..20"):
+        spec.generate(prompt, max_tokens=2, logprobs=21)

@@ -269,6 +269,28 @@ def test_n_choices_are_the_rows_of_one_batch_each_with_its_own_seed(client):
     assert several.usage.prompt_tokens == alone[0].usage.prompt_tokens
 
 
+def test_logprobs_are_the_targets_as_the_api_reports_them_drafting_or_not(client):
+    """Chat's logprobs/top_logprobs: one entry per completion token, each the API's value for that token (mlx-lm's
+    logprobs of the processed target), the same with drafting on and off, streamed or not."""
+    import mlxspec
+
+    settings = dict(max_tokens=12, temperature=0.8, seed=9, logprobs=True, top_logprobs=2)
+    drafted = chat(client, **settings)
+    plain = chat(client, **settings, extra_body={"speculative": {"enabled": False}})
+    content = drafted.choices[0].logprobs.content
+    assert len(content) == drafted.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in content)
+    assert [e.logprob for e in content] == [e.logprob for e in plain.choices[0].logprobs.content]
+    chunks = mlxspec.load().stream(PROMPT, chat=True, max_tokens=12, temperature=0.8, seed=9, logprobs=2)
+    api = [value for c in chunks for value, _ in c.logprobs]
+    assert [e.logprob for e in content] == pytest.approx(api, abs=1e-6)
+    assert "".join(e.token for e in content) == drafted.choices[0].message.content
+    streamed = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": PROMPT}], stream=True, **settings
+    )
+    values = [e.logprob for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert values == [e.logprob for e in content]
+
+
 def test_penalties_and_a_logit_bias_are_applied_as_the_api_applies_them(client):
     """OpenAI's presence and frequency penalties and logit bias, mlx-lm's repetition penalty: the server's text
     equals the API's with the same settings, speculating or not, and differs from the text without them."""
@@ -299,7 +321,7 @@ def test_turning_drafting_off_per_request_changes_only_the_speed(client):
         (dict(temperature="hot"), "temperature"),
         (dict(n=0), "n"),
         (dict(n=2, stream=True), "n"),
-        (dict(logprobs=True), "logprobs"),
+        (dict(logprobs=True, top_logprobs=21), "top_logprobs"),
         (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
         (dict(content="x = 1\n" * 300), "messages"),  # longer than the 512-token context
         (dict(extra_body={"speculative": {"depth": 3}}), "speculative"),

@@ -44,6 +44,7 @@ def build_engine(
         acceptance=options.acceptance,
         processors=make_processors(options),
         processor_window=processor_window(options),
+        logprobs=options.logprobs,
         kv_bits=options.kv_bits,
         context_length=context_length,
         max_nodes=options.max_nodes,

@@ -14,7 +14,7 @@ from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.forward import PREFILL, DraftRequest, EngineState, ForwardRequest, Phases, StepResult, drive
 from mlxspec.decoding.keys import PositionKeys
-from mlxspec.decoding.processors import Processor, process_rows
+from mlxspec.decoding.processors import Processor, process_rows, token_logprobs
 from mlxspec.decoding.replay import DeferredReplay
 from mlxspec.decoding.sampling import SamplingConfig, first_token_allowed
 from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
@@ -50,6 +50,7 @@ class SpeculativeEngine:
         acceptance: str = "coupled",
         processors: list[Processor] | None = None,
         processor_window: int = 20,
+        logprobs: int | None = None,
         kv_bits: int | None = None,
         context_length: int | None = None,
         prefill_chunk: int = 512,
@@ -90,6 +91,8 @@ class SpeculativeEngine:
         # Penalties and a logit bias (processors.py), applied to every target row with the tokens before it
         self.processors = processors or []
         self.processor_window = processor_window
+        self.logprobs = logprobs  # None, or how many alternatives to report with each token's log-probability
+        self._logits: mx.array | None = None  # this step's processed target rows, kept for logprobs
         self.pending: list[int] = []
         # Tokens the target cache holds. Kept here, not read off the cache: recurrent layers (ArraysCache) have no
         # offset, and plain decoding runs on them too.
@@ -216,6 +219,8 @@ class SpeculativeEngine:
             result = yield from self._verify_deterministic(draft)
         self.target_calls += 1
         self.generated += len(result.tokens)
+        if self.logprobs is not None:
+            result.logprobs = token_logprobs(self._logits, [0, *result.path], result.tokens, self.logprobs)
         if self.controller is not None:
             self.controller.update(result.drafted, result.accepted)
             if rows == 1:  # beside other rows the wall time is the whole round's, not this row's step
@@ -251,9 +256,10 @@ class SpeculativeEngine:
 
     def _processed(self, logits: mx.array, draft: Draft | None) -> mx.array:
         """The rows with the penalties and logit bias applied, each with the history and its drafted path."""
-        if not self.processors:
-            return logits
-        return process_rows(self.processors, logits, self.history, draft, self.processor_window)
+        if self.processors:
+            logits = process_rows(self.processors, logits, self.history, draft, self.processor_window)
+        self._logits = logits
+        return logits
 
     def settle(self) -> None:
         """Feed any deferred replay now, so the target cache holds every token but the pending one."""
@@ -296,6 +302,7 @@ class SpeculativeEngine:
             logits = yield from self._target_logits(None)
         self._mark("verify", logits)
         keys = self._node_keys([0])
+        self._logits = logits[-1:]
         token, short = target_samples(logits[-1:], self.sampling, keys, ranked=not self.rollback_ok)
         self._mark("target probs", token)
         self._prefetched = None

@@ -95,6 +95,8 @@ class StepResult:
     accepted: int
     proposed: list[int] = field(default_factory=list)  # the drafted node tokens as host ints, BFS order
     path: list[int] = field(default_factory=list)  # kept drafted nodes (rows of this step's forward), root excluded
+    # with logprobs asked for: per token, (its log-probability, [(id, log-probability)] of the most likely ones)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 def drive_alone(events: Generator) -> Generator:

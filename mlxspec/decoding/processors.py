@@ -54,3 +54,19 @@ def process_rows(
             row = processor(tokens, row)
         rows.append(row)
     return mx.concatenate(rows)
+
+
+def token_logprobs(
+    logits: mx.array, rows: list[int], tokens: list[int], top: int
+) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Each emitted token's log-probability under its row's processed logits, as mlx-lm's generate_step reports
+    them (after the processors, before temperature and filters), and the `top` most likely ids with theirs. Read
+    on the host: a second sync in a step that asks for them."""
+    picked = logits[mx.array(rows, dtype=mx.int32)]
+    logprobs = picked - mx.logsumexp(picked, axis=-1, keepdims=True)
+    own = mx.take_along_axis(logprobs, mx.array(tokens, dtype=mx.int32)[:, None], axis=-1)[:, 0]
+    if top == 0:
+        return [(value, []) for value in own.tolist()]
+    ids = mx.argsort(-logprobs, axis=-1)[:, :top]
+    values = mx.take_along_axis(logprobs, ids, axis=-1)
+    return [(value, list(zip(i, v))) for value, i, v in zip(own.tolist(), ids.tolist(), values.tolist())]

@@ -1,7 +1,7 @@
 """The OpenAI wire format, apart from HTTP: request bodies checked into DecodeOptions changes, and the response,
 chunk and error objects built from mlxspec's results. Pure functions; server.py does the I/O.
 
-Anything mlxspec does not do (n > 1, logprobs, tools, penalties) is refused by name with a 400, never ignored.
+Anything mlxspec does not do (tools, response formats, streamed n > 1) is refused by name with a 400, never ignored.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxspec import __version__
-from mlxspec.options import ACCEPTANCE_CHOICES
+from mlxspec.options import ACCEPTANCE_CHOICES, MAX_TOP_LOGPROBS
 from mlxspec.results import Stats
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -59,6 +59,7 @@ class CompletionRequest:
 
 
 MAX_CHOICES = 16
+MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI caps it
 
 
 def _is_int(value: Any) -> bool:
@@ -83,10 +84,6 @@ def _refuse_unsupported(body: dict, kind: str) -> None:
         raise RequestError(f"n {n!r} must be a whole number of choices in 1..{MAX_CHOICES}", "n")
     if n not in (None, 1) and body.get("stream"):
         raise RequestError(f"n {n} with stream is not supported yet; stream one choice, or drop stream", "n")
-    if (kind == "chat" and body.get("logprobs") not in (None, False)) or body.get("top_logprobs") not in (None, 0):
-        raise RequestError("logprobs are not supported yet; drop logprobs and top_logprobs", "logprobs")
-    if kind == "text" and body.get("logprobs") not in (None, 0):
-        raise RequestError("logprobs are not supported yet; drop logprobs", "logprobs")
     for name in ("tools", "functions"):
         if body.get(name):
             raise RequestError(f"{name} (tool calling) are not supported yet; drop {name}", name)
@@ -196,6 +193,23 @@ def _penalties(body: dict) -> dict[str, Any]:
     return changes
 
 
+def logprobs_requested(body: dict, kind: str) -> int | None:
+    """None (no logprobs), or how many alternatives each token reports."""
+    if kind == "chat":
+        wanted, top = body.get("logprobs"), body.get("top_logprobs")
+        if wanted not in (None, True, False):
+            raise RequestError(f"logprobs {wanted!r} must be true or false", "logprobs")
+        if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
+            raise RequestError(f"top_logprobs {top!r} must be a whole number in 0..{MAX_TOP_LOGPROBS}", "top_logprobs")
+        if top and not wanted:
+            raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+        return (top or 0) if wanted else None
+    value = body.get("logprobs")
+    if value is not None and (not _is_int(value) or not 0 <= value <= MAX_COMPLETION_LOGPROBS):
+        raise RequestError(f"logprobs {value!r} must be a whole number in 0..{MAX_COMPLETION_LOGPROBS}", "logprobs")
+    return value
+
+
 def parse_request(body: Any, kind: str) -> CompletionRequest:
     """Check a decoded JSON body of /v1/chat/completions (kind "chat") or /v1/completions ("text")."""
     if not isinstance(body, dict):
@@ -215,6 +229,8 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
         if _typed(body, name, _is_int, "a whole number") is not None:
             changes[name] = int(body[name])
     changes.update(_penalties(body))
+    if (top := logprobs_requested(body, kind)) is not None:
+        changes["logprobs"] = top
     for name in ("max_completion_tokens", "max_tokens"):  # the newer name wins when both are sent
         value = _typed(body, name, _is_int, "a whole number")
         if value is not None and "max_tokens" not in changes:
@@ -314,23 +330,23 @@ class Reply:
         }
 
 
-def completion(reply: Reply, text: str, finish: str | None, stats: Stats) -> dict:
+def completion(reply: Reply, text: str, finish: str | None, stats: Stats, logprobs: dict | None = None) -> dict:
     """The whole (non-streamed) response."""
-    return completions(reply, [(text, finish, stats)])
+    return completions(reply, [(text, finish, stats, logprobs)])
 
 
-def completions(reply: Reply, choices: list[tuple[str, str | None, Stats]]) -> dict:
-    """The whole response with one choice per (text, finish reason, stats): the usage counts the prompt once and
-    every choice's tokens; its speculative part is the first choice's."""
+def completions(reply: Reply, choices: list[tuple[str, str | None, Stats, dict | None]]) -> dict:
+    """The whole response with one choice per (text, finish reason, stats, logprobs): the usage counts the prompt
+    once and every choice's tokens; its speculative part is the first choice's."""
     out = []
-    for index, (text, finish, _) in enumerate(choices):
+    for index, (text, finish, _, logprobs) in enumerate(choices):
         if reply.kind == "chat":
             message = {"role": "assistant", "content": text}
-            out.append({"index": index, "message": message, "logprobs": None, "finish_reason": finish})
+            out.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
         else:
-            out.append({"index": index, "text": text, "finish_reason": finish, "logprobs": None})
+            out.append({"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs})
     total = usage(choices[0][2])
-    total["completion_tokens"] = sum(stats.generated_tokens for _, _, stats in choices)
+    total["completion_tokens"] = sum(choice[2].generated_tokens for choice in choices)
     total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
     return {**reply.head(streamed=False), "choices": out, "usage": total}
 
@@ -340,12 +356,12 @@ def role_chunk(reply: Reply) -> dict:
     return _chunk(reply, {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None})
 
 
-def chunk(reply: Reply, text: str | None, finish: str | None) -> dict:
+def chunk(reply: Reply, text: str | None, finish: str | None, logprobs: dict | None = None) -> dict:
     """One streamed chunk of text, or the last one with the finish reason and no text."""
     if reply.kind == "chat":
-        choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None}
+        choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs}
     return _chunk(reply, {**choice, "finish_reason": finish})
 
 

@@ -30,6 +30,7 @@ from mlxspec.chat_template import encode_messages
 from mlxspec.errors import UserError
 from mlxspec.options import MAX_SEED, DecodeOptions
 from mlxspec.serve import openai_api as wire
+from mlxspec.serve.logprobs import render
 from mlxspec.serve.openai_api import CompletionRequest, RequestError
 from mlxspec.serve.worker import Job, Worker, shutting_down
 
@@ -154,7 +155,7 @@ class OpenAIServer:
         reply = wire.Reply(kind, rid, created, self.config.model_id, parsed.stream and parsed.include_usage)
         if parsed.stream:
             return StreamingResponse(self.stream(job, reply, first), media_type="text/event-stream")
-        got = await self.collect(job, first, request)
+        got = await self.collect(job, first, request, parsed.kind)
         return JSONResponse(wire.completion(reply, *got) if got else {})
 
     async def several(self, parsed: CompletionRequest, tokens: list[int], options, created: int, request) -> dict:
@@ -166,7 +167,9 @@ class OpenAIServer:
         try:
             for job in jobs:
                 self.worker.submit(job)
-            choices = [await self.collect(job, await self.next_event(job, request), request) for job in jobs]
+            choices = [
+                await self.collect(job, await self.next_event(job, request), request, parsed.kind) for job in jobs
+            ]
         finally:
             for job in jobs:  # a no-op for finished rows; the others (a refusal or an error above) stop
                 job.cancelled.set()
@@ -221,24 +224,27 @@ class OpenAIServer:
                     job.cancelled.set()
                     return None
 
-    async def collect(self, job: Job, event, request: Request) -> tuple[str, str | None, Any] | None:
-        """(text, finish reason, stats) of a job from its first event on; None once the client is gone (the
-        worker stops at its next step)."""
-        pieces, finish = [], None
+    async def collect(self, job: Job, event, request: Request, kind: str) -> tuple[str, str | None, Any, Any] | None:
+        """(text, finish reason, stats, logprobs or None) of a job from its first event on; None once the client is
+        gone (the worker stops at its next step)."""
+        pieces, finish, tokens, entries = [], None, [], []
         while event is not None:
-            kind, payload = event
-            if kind == "error":
+            what, payload = event
+            if what == "error":
                 raise payload
-            if kind == "done":
-                return "".join(pieces), finish, payload
+            if what == "done":
+                wanted = job.options.logprobs is not None
+                logprobs = render(kind, tokens, entries, self.worker.speculator.tokenizer) if wanted else None
+                return "".join(pieces), finish, payload, logprobs
             pieces.append(payload.text)
+            tokens, entries = tokens + payload.tokens, entries + (payload.logprobs or [])
             finish = payload.finish_reason or finish
             event = await self.next_event(job, request)
         return None
 
     async def stream(self, job: Job, reply: wire.Reply, event) -> AsyncIterator[str]:
         """Server-sent events; a client that disconnects cancels this generator, which cancels the job."""
-        first = True
+        first, offset = True, 0
         try:
             while True:
                 kind, payload = event
@@ -252,8 +258,13 @@ class OpenAIServer:
                     return
                 if first and reply.kind == "chat":
                     yield sse(wire.role_chunk(reply))
-                if payload.text or (first and reply.kind == "text"):
-                    yield sse(wire.chunk(reply, payload.text, None))
+                logprobs = None
+                if payload.logprobs is not None:
+                    tokenizer = self.worker.speculator.tokenizer
+                    logprobs = render(reply.kind, payload.tokens, payload.logprobs, tokenizer, offset)
+                    offset += len(payload.text)
+                if payload.text or logprobs or (first and reply.kind == "text"):
+                    yield sse(wire.chunk(reply, payload.text, None, logprobs))
                 first = False
                 if payload.finish_reason:
                     yield sse(wire.chunk(reply, None, payload.finish_reason))
