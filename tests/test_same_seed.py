@@ -89,14 +89,23 @@ def test_every_draft_length_and_drafter_writes_the_same_text_for_a_seed(spec, se
             assert result.tokens == want, (heads, k)
 
 
-def test_a_seeded_row_writes_its_text_alone_and_in_a_batch(spec):
-    prompts = [PROMPT, "import os\n\ndef walk(path):", "class Stack:", "def parse(argv):"]
+def test_a_seeded_row_writes_its_text_alone_in_a_batch_and_after_a_prompt_cache_hit(spec):
+    """Eight seeded requests of different lengths through three batch rows (rows arriving and leaving between
+    steps), and the same requests again on a Speculator whose prompt cache holds them: every text is the one the
+    request gets alone."""
+    prompts = [PROMPT, "import os\n\ndef walk(path):", "class Stack:", "def parse(argv):"] * 2
     options = [
-        mlxspec.DecodeOptions(temperature=0.8, seed=seed, max_tokens=24, stop_at_eos=False) for seed in (3, 4, 5, 6)
+        mlxspec.DecodeOptions(temperature=0.8, seed=seed, max_tokens=12 + 4 * seed, stop_at_eos=False)
+        for seed in range(8)
     ]
     alone = [spec.generate(p, o).tokens for p, o in zip(prompts, options)]
-    together = [r.tokens for r in spec.generate_batch(prompts, options)]
+    together = [r.tokens for r in spec.generate_batch(prompts, options, max_batch=3)]
     assert together == alone
+    cached = mlxspec.load(prompt_cache=2)
+    for prompt, option, want in zip(prompts[:2], options[:2], alone[:2]):
+        assert cached.generate(prompt, option).tokens == want
+        again = cached.generate(prompt, option)
+        assert again.tokens == want and again.stats.reused_tokens > 0
 
 
 def test_residual_acceptance_is_still_there_and_named(spec, cli_run):
