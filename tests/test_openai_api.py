@@ -68,7 +68,6 @@ def test_a_completions_prompt_may_be_text_token_ids_or_a_batch_of_one():
         ({"messages": MESSAGES, "stop": ["a", 1]}, "chat", "stop"),
         ({"messages": MESSAGES, "n": 17}, "chat", "n"),
         ({"messages": MESSAGES, "n": "2"}, "chat", "n"),
-        ({"messages": MESSAGES, "n": 2, "stream": True}, "chat", "n"),
         ({"messages": MESSAGES, "logprobs": "yes"}, "chat", "logprobs"),
         ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "chat", "top_logprobs"),
         ({"messages": MESSAGES, "top_logprobs": 2}, "chat", "top_logprobs"),

@@ -291,6 +291,26 @@ def test_logprobs_are_the_targets_as_the_api_reports_them_drafting_or_not(client
     assert values == [e.logprob for e in content]
 
 
+def test_streamed_n_choices_carry_their_index_and_add_up_to_the_whole_choices(client):
+    settings = dict(max_tokens=16, temperature=1.0, seed=40, n=3)
+    whole = chat(client, **settings)
+    stream = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": PROMPT}],
+        stream=True,
+        stream_options={"include_usage": True},
+        **settings,
+    )
+    texts, finishes, usage = ["", "", ""], [None] * 3, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert texts == [c.message.content for c in whole.choices] and None not in finishes
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
 def test_penalties_and_a_logit_bias_are_applied_as_the_api_applies_them(client):
     """OpenAI's presence and frequency penalties and logit bias, mlx-lm's repetition penalty: the server's text
     equals the API's with the same settings, speculating or not, and differs from the text without them."""
@@ -320,7 +340,7 @@ def test_turning_drafting_off_per_request_changes_only_the_speed(client):
         (dict(max_tokens=-1), "max_tokens"),
         (dict(temperature="hot"), "temperature"),
         (dict(n=0), "n"),
-        (dict(n=2, stream=True), "n"),
+        (dict(n=17), "n"),
         (dict(logprobs=True, top_logprobs=21), "top_logprobs"),
         (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
         (dict(content="x = 1\n" * 300), "messages"),  # longer than the 512-token context

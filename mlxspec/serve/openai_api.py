@@ -82,8 +82,6 @@ def _refuse_unsupported(body: dict, kind: str) -> None:
     n = body.get("n")
     if n is not None and (not _is_int(n) or not 1 <= n <= MAX_CHOICES):
         raise RequestError(f"n {n!r} must be a whole number of choices in 1..{MAX_CHOICES}", "n")
-    if n not in (None, 1) and body.get("stream"):
-        raise RequestError(f"n {n} with stream is not supported yet; stream one choice, or drop stream", "n")
     for name in ("tools", "functions"):
         if body.get(name):
             raise RequestError(f"{name} (tool calling) are not supported yet; drop {name}", name)
@@ -351,17 +349,17 @@ def completions(reply: Reply, choices: list[tuple[str, str | None, Stats, dict |
     return {**reply.head(streamed=False), "choices": out, "usage": total}
 
 
-def role_chunk(reply: Reply) -> dict:
+def role_chunk(reply: Reply, index: int = 0) -> dict:
     """A chat stream's first chunk: the assistant role and no text yet, as OpenAI's streams begin."""
-    return _chunk(reply, {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None})
+    return _chunk(reply, {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None})
 
 
-def chunk(reply: Reply, text: str | None, finish: str | None, logprobs: dict | None = None) -> dict:
-    """One streamed chunk of text, or the last one with the finish reason and no text."""
+def chunk(reply: Reply, text: str | None, finish: str | None, logprobs: dict | None = None, index: int = 0) -> dict:
+    """One streamed chunk of text, or the last one with the finish reason and no text (of choice `index`)."""
     if reply.kind == "chat":
-        choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": logprobs}
+        choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": logprobs}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs}
     return _chunk(reply, {**choice, "finish_reason": finish})
 
 
@@ -373,6 +371,10 @@ def _chunk(reply: Reply, choice: dict) -> dict:
     return out
 
 
-def usage_chunk(reply: Reply, stats: Stats) -> dict:
-    """stream_options.include_usage: the last chunk, with no choices and the run's usage."""
-    return {**reply.head(streamed=True), "choices": [], "usage": usage(stats)}
+def usage_chunk(reply: Reply, stats: Stats, more: list[Stats] = ()) -> dict:
+    """stream_options.include_usage: the last chunk, with no choices and the run's usage (with n > 1, the other
+    choices' tokens counted too)."""
+    total = usage(stats)
+    total["completion_tokens"] += sum(other.generated_tokens for other in more)
+    total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
+    return {**reply.head(streamed=True), "choices": [], "usage": total}

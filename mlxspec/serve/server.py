@@ -142,6 +142,12 @@ class OpenAIServer:
         parsed = wire.parse_request(body, kind)
         created = int(time.time())  # this completion's own time, as OpenAI's responses carry
         tokens, options = await run_in_threadpool(self.prepare, parsed)
+        if parsed.n > 1 and parsed.stream:
+            reply = wire.Reply(
+                parsed.kind, self.new_id(parsed.kind), created, self.config.model_id, parsed.include_usage
+            )
+            jobs = self.submit_choices(parsed.n, tokens, options)
+            return StreamingResponse(self.stream_choices(jobs, reply), media_type="text/event-stream")
         if parsed.n > 1:
             return JSONResponse(await self.several(parsed, tokens, options, created, request))
         job = Job(tokens, options, asyncio.get_running_loop())
@@ -158,15 +164,66 @@ class OpenAIServer:
         got = await self.collect(job, first, request, parsed.kind)
         return JSONResponse(wire.completion(reply, *got) if got else {})
 
-    async def several(self, parsed: CompletionRequest, tokens: list[int], options, created: int, request) -> dict:
-        """n choices as n rows decoded together: choice i with seed + i (each a random seed when none is given),
-        so a seeded request repeats all its choices."""
+    def new_id(self, kind: str) -> str:
+        return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+
+    def submit_choices(self, n: int, tokens: list[int], options) -> list[Job]:
+        """n jobs, rows decoded together: choice i with seed + i (each a random seed when none is given), so a
+        seeded request repeats all its choices. A refusal (a full queue) cancels the ones already queued."""
         loop = asyncio.get_running_loop()
-        seeds = [None if options.seed is None else (options.seed + i) % (MAX_SEED + 1) for i in range(parsed.n)]
+        seeds = [None if options.seed is None else (options.seed + i) % (MAX_SEED + 1) for i in range(n)]
         jobs = [Job(tokens, options.updated(seed=seed), loop) for seed in seeds]
         try:
             for job in jobs:
                 self.worker.submit(job)
+        except RequestError:
+            for job in jobs:
+                job.cancelled.set()
+            raise
+        return jobs
+
+    async def stream_choices(self, jobs: list[Job], reply: wire.Reply) -> AsyncIterator[str]:
+        """n choices streamed as their rows produce them, each chunk naming its choice's index."""
+        waiting = {asyncio.ensure_future(job.events.get()): i for i, job in enumerate(jobs)}
+        started, stats, offsets = set(), {}, [0] * len(jobs)
+        try:
+            while waiting:
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    i = waiting.pop(future)
+                    kind, payload = future.result()
+                    if kind == "error":
+                        yield sse(payload.body())
+                        return
+                    if kind == "done":
+                        stats[i] = payload
+                        continue
+                    if i not in started and reply.kind == "chat":
+                        yield sse(wire.role_chunk(reply, i))
+                    started.add(i)
+                    logprobs = None
+                    if payload.logprobs is not None:
+                        tokenizer = self.worker.speculator.tokenizer
+                        logprobs = render(reply.kind, payload.tokens, payload.logprobs, tokenizer, offsets[i])
+                    offsets[i] += len(payload.text)
+                    if payload.text or logprobs:
+                        yield sse(wire.chunk(reply, payload.text, None, logprobs, index=i))
+                    if payload.finish_reason:
+                        yield sse(wire.chunk(reply, None, payload.finish_reason, index=i))
+                    waiting[asyncio.ensure_future(jobs[i].events.get())] = i
+            if reply.include_usage:
+                yield sse(wire.usage_chunk(reply, stats[0], [stats[i] for i in range(1, len(jobs))]))
+            yield sse("[DONE]")
+        finally:
+            for future in waiting:
+                future.cancel()
+            for job in jobs:
+                job.cancelled.set()
+
+    async def several(self, parsed: CompletionRequest, tokens: list[int], options, created: int, request) -> dict:
+        """n choices (submit_choices), each collected whole."""
+        jobs = self.submit_choices(parsed.n, tokens, options)
+        try:
             choices = [
                 await self.collect(job, await self.next_event(job, request), request, parsed.kind) for job in jobs
             ]
@@ -175,8 +232,9 @@ class OpenAIServer:
                 job.cancelled.set()
         if None in choices:
             return {}  # disconnected
-        rid = f"{'chatcmpl' if parsed.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        return wire.completions(wire.Reply(parsed.kind, rid, created, self.config.model_id), choices)
+        return wire.completions(
+            wire.Reply(parsed.kind, self.new_id(parsed.kind), created, self.config.model_id), choices
+        )
 
     async def read_body(self, request: Request) -> bytes:
         """The body, refused with 413 past max_body_bytes (by its declared length, or while it streams in)."""
