@@ -30,10 +30,18 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    xtc_probability: float = 0.0  # XTC (mlx-lm's apply_xtc): how often the likeliest tokens are excluded
+    xtc_threshold: float = 0.1
+    xtc_special_tokens: tuple[int, ...] = ()  # never excluded
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def xtc(self) -> bool:
+        """XTC draws a coin per token (a key of its own, before the token's), as mlx-lm's sampler does."""
+        return self.xtc_probability > 0 and not self.greedy
 
     def validate(self) -> None:
         if self.temperature < 0:
@@ -49,6 +57,10 @@ class SamplingConfig:
             raise UserError(f"top_k {self.top_k} is negative; use 0 to disable it")
         if not 0 <= self.min_p <= 1:
             raise UserError(f"min_p {self.min_p} is outside [0, 1]; use 0 to disable it")
+        if not 0 <= self.xtc_probability <= 1:
+            raise UserError(f"xtc_probability {self.xtc_probability} is outside [0, 1]; use 0 to disable it")
+        if not 0 <= self.xtc_threshold <= 0.5:
+            raise UserError(f"xtc_threshold {self.xtc_threshold} is outside [0, 0.5]")
 
 
 def _is_int(value: Any) -> bool:
@@ -104,6 +116,9 @@ class DecodeOptions:
     # None: no log-probabilities; N: each token's own and its N most likely alternatives' (mlx-lm's logprobs: after
     # the processors, before temperature and the filters)
     logprobs: int | None = None
+    xtc_probability: float = 0.0  # XTC, as mlx-lm's sampler applies it (0: off)
+    xtc_threshold: float = 0.1
+    xtc_special_tokens: list[int] | None = None  # None: the tokenizer's "\n" and end tokens, as mlx-lm's generate
     # the prompt
     chat: bool = False
     heal: bool = False  # token healing: the first token may re-complete the prompt's last one
@@ -128,7 +143,15 @@ class DecodeOptions:
 
     @property
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(float(self.temperature), float(self.top_p), int(self.top_k), float(self.min_p))
+        return SamplingConfig(
+            float(self.temperature),
+            float(self.top_p),
+            int(self.top_k),
+            float(self.min_p),
+            float(self.xtc_probability),
+            float(self.xtc_threshold),
+            tuple(self.xtc_special_tokens or ()),
+        )
 
     @property
     def drafting_key(self) -> tuple:
@@ -184,12 +207,15 @@ class DecodeOptions:
                 raise UserError(f"{name} {getattr(self, name)!r} must be True or False")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise UserError(f"max_tokens {self.max_tokens!r} must be a whole number >= 1")
-        for name in ("temperature", "top_p", "min_p"):
+        for name in ("temperature", "top_p", "min_p", "xtc_probability", "xtc_threshold"):
             value = getattr(self, name)
             if not _is_real(value) or not math.isfinite(value):
                 raise UserError(f"{name} {value!r} is not a finite number")
         if not _is_int(self.top_k):
             raise UserError(f"top_k {self.top_k!r} is not a whole number; use 0 to disable it")
+        special = self.xtc_special_tokens
+        if special is not None and (not isinstance(special, (list, tuple)) or not all(_is_int(t) for t in special)):
+            raise UserError(f"xtc_special_tokens {special!r} must be a list of token ids")
         self.sampling.validate()
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise UserError(f"seed {self.seed!r} must be a whole number in 0..2**64-1, or None for a random one")
@@ -227,6 +253,8 @@ class DecodeOptions:
             raise UserError(f"logprobs {self.logprobs!r} must be None or a whole number in 0..{MAX_TOP_LOGPROBS}")
         if self.acceptance not in ACCEPTANCE_CHOICES:
             raise UserError(f"acceptance {self.acceptance!r} is not one of {', '.join(ACCEPTANCE_CHOICES)}")
+        if self.acceptance == "residual" and self.sampling.xtc:
+            raise UserError("acceptance 'residual' does not take XTC (its coin changes the law per token); use coupled")
         if self.kernel not in KERNEL_CHOICES:
             raise UserError(f"kernel {self.kernel!r} is not one of {', '.join(KERNEL_CHOICES)}")
         return replace(self, stop=list(stop), num_draft=num_draft, logit_bias=logit_bias)

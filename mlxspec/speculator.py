@@ -156,6 +156,9 @@ class Speculator:
             # load() chose prompt lookup as this model's drafter: a call's use_draft=True drafts with it, as the
             # default options do (use_draft=False decodes plainly)
             chosen = chosen.updated(lookup=True)
+        if chosen.xtc_probability and chosen.xtc_special_tokens is None:  # mlx-lm's generate: "\n" and the end
+            ends = list(getattr(self.tokenizer, "eos_token_ids", None) or [])
+            chosen = chosen.updated(xtc_special_tokens=list(self.tokenizer.encode("\n")) + ends)
         return chosen.validate(self.vocab_size)
 
     def events(

@@ -195,3 +195,45 @@ def test_logprobs_equal_mlx_lms_under_every_drafter(spec):
             assert [i for i, _ in top] == np.argsort(-logprobs, kind="stable")[:3].tolist()
     with pytest.raises(UserError, match="logprobs 21 must be None or a whole number in 0..20"):
         spec.generate(prompt, max_tokens=2, logprobs=21)
+
+
+@pytest.mark.parametrize(
+    "xtc", [dict(xtc_probability=0.5, xtc_threshold=0.1), dict(xtc_probability=1.0, xtc_threshold=0.05, top_p=0.9)]
+)
+def test_xtc_writes_mlx_lms_text_under_every_drafter(spec, xtc):
+    """mlx-lm draws each token's XTC coin from the global sequence before the token: two keys a position. The
+    coin's key and the token's are both position-keyed, so plain decoding, a chain, a tree and lookup write
+    mlx-lm's text (and XTC changes it: the test has power)."""
+    tokenizer = spec.tokenizer
+    prompt = tokenizer.encode(PROMPT)
+    special = list(tokenizer.encode("\n")) + list(tokenizer.eos_token_ids)
+    top_p = xtc.get("top_p", 0.0)
+    texts = []
+    for probability in (xtc["xtc_probability"], 0.0):
+        sampler = make_sampler(
+            0.8,
+            top_p=top_p,
+            xtc_probability=probability,
+            xtc_threshold=xtc["xtc_threshold"],
+            xtc_special_tokens=special,
+        )
+        mx.random.seed(4)
+        texts.append(
+            [int(t) for t, _ in generate_step(mx.array(prompt), spec.target.model, max_tokens=30, sampler=sampler)]
+        )
+    want, bare = texts
+    assert want != bare
+    for run in (
+        dict(use_draft=False),
+        dict(num_draft=3),
+        dict(num_draft=3, tree_topk=2),
+        dict(lookup=True, use_draft=False),
+    ):
+        result = spec.generate(
+            prompt, max_tokens=30, temperature=0.8, seed=4, stop_at_eos=False, **{"top_p": top_p or 1.0, **xtc}, **run
+        )
+        assert result.tokens == want, run
+    with pytest.raises(UserError, match="acceptance 'residual' does not take XTC"):
+        spec.generate(prompt, max_tokens=2, temperature=0.8, xtc_probability=0.5, acceptance="residual")
+    with pytest.raises(UserError, match="xtc_threshold 0.7 is outside"):
+        spec.generate(prompt, max_tokens=2, temperature=0.8, xtc_threshold=0.7)

@@ -77,6 +77,8 @@ def options_from(p: dict) -> DecodeOptions:
         presence_context_size=p.get("penalty_context_size", 20),
         frequency_context_size=p.get("penalty_context_size", 20),
         logit_bias=logit_bias_from(p.get("logit_bias") or ()),
+        xtc_probability=p.get("xtc_probability", 0.0),
+        xtc_threshold=p.get("xtc_threshold", 0.1),
         chat=p.get("chat", False),
         heal=p.get("heal", False),
         truncate=p.get("truncate", False),

@@ -155,6 +155,8 @@ SAMPLING_OPTIONS = [
         help="Tokens the presence and frequency penalties look back over.",
     ),
     click.option("--logit-bias", multiple=True, help="TOKEN_ID=BIAS added to that token's logit (repeatable)."),
+    click.option("--xtc-probability", type=float, default=0.0, show_default=True, help="XTC, as mlx-lm samples."),
+    click.option("--xtc-threshold", type=float, default=0.1, show_default=True),
     click.option("--stop", multiple=True, help="Stop when this string appears (repeatable)."),
 ]
 

@@ -84,7 +84,7 @@ class SpeculativeEngine:
         self.sorted_fallbacks = 0  # steps redone with the whole vocabulary ranked (a top-p set past the candidates)
         # Every draw of the target's tokens, and of coupled drafts, is keyed by output position (keys.py);
         # `key` splits per step only for Leviathan/Chen's draws under acceptance="residual"
-        self.position_keys = PositionKeys(seed)
+        self.position_keys = PositionKeys(seed, draws=2 if sampling.xtc else 1)
         self.coupled = acceptance == "coupled"
         self.key = mx.random.key(seed)
         self.generated = 0  # tokens emitted so far: the output position the next target row decides
@@ -286,12 +286,13 @@ class SpeculativeEngine:
             return self.position_keys.span(self.generated, budget)
         return mx.random.split(draft_key, budget)
 
-    def _node_keys(self, depths: list[int] | tuple[int, ...]) -> mx.array | None:
+    def _node_keys(self, depths: list[int] | tuple[int, ...], coins: bool = False) -> mx.array | None:
         """[N, 2]: the key of each target row, by the output position it decides (the row after a node of depth
-        d decides position generated + d)."""
-        if self.sampling.greedy:
+        d decides position generated + d); `coins`: their XTC coins' keys (None without XTC)."""
+        if self.sampling.greedy or (coins and not self.sampling.xtc):
             return None
-        return self.position_keys.span(self.generated, max(depths) + 1)[mx.array(depths, dtype=mx.int32)]
+        span = self.position_keys.coin_span if coins else self.position_keys.span
+        return span(self.generated, max(depths) + 1)[mx.array(depths, dtype=mx.int32)]
 
     def _plain_step(self, max_new_tokens: int) -> Phases:
         """One token with no draft. When the next step will be plain too, its forward is queued on this step's
@@ -301,9 +302,9 @@ class SpeculativeEngine:
         else:
             logits = yield from self._target_logits(None)
         self._mark("verify", logits)
-        keys = self._node_keys([0])
+        keys, coins = self._node_keys([0]), self._node_keys([0], coins=True)
         self._logits = logits[-1:]
-        token, short = target_samples(logits[-1:], self.sampling, keys, ranked=not self.rollback_ok)
+        token, short = target_samples(logits[-1:], self.sampling, keys, not self.rollback_ok, coins)
         self._mark("target probs", token)
         self._prefetched = None
         free = None if self.context_length is None else self.context_length - self.position
@@ -318,7 +319,7 @@ class SpeculativeEngine:
             if self._prefetched is not None:
                 self._prefetched = None
                 self._roll_back(1)
-            value = self._host(target_samples(logits[-1:], self.sampling, keys, ranked=True)[0])[0]
+            value = self._host(target_samples(logits[-1:], self.sampling, keys, True, coins)[0])[0]
         self._mark("accept")
         self.pending = [] if self._prefetched is not None else [value]
         return StepResult([value], 0, 0, [], [])
@@ -377,8 +378,8 @@ class SpeculativeEngine:
             with tree_verification(self.target, self.cache, shape, prefix):  # alone: the model is patched meanwhile
                 logits = yield from self._target_logits(draft, alone=True)
         self._mark("verify", logits)
-        keys = self._node_keys(shape.depths)
-        verdict = verify_nodes(draft, self.pending, logits, self.sampling, keys, self._host, self._mark)
+        keys, coins = self._node_keys(shape.depths), self._node_keys(shape.depths, coins=True)
+        verdict = verify_nodes(draft, self.pending, logits, self.sampling, keys, self._host, self._mark, coins)
         self.sorted_fallbacks += verdict.redrawn
         self._mark("accept")
         path = shape.path_to(verdict.accepted)

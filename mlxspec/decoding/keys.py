@@ -18,27 +18,34 @@ KEYS_PER_BATCH = 32  # derived ahead in batches of this many positions
 
 
 class PositionKeys:
-    """key_t for output positions t = 0, 1, ... of one run seeded with `seed`."""
+    """key_t for output positions t = 0, 1, ... of one run seeded with `seed`. With XTC (`draws` 2) mlx-lm draws
+    the token's XTC coin first, then the token: two keys a position, the coin's and then the token's."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, draws: int = 1):
         self.state = mx.random.key(seed)
+        self.draws = draws
         self.keys: list[mx.array] = []
 
-    def _extend(self, count: int) -> None:
-        while len(self.keys) < count:
+    def _extend(self, positions: int) -> None:
+        while len(self.keys) < positions * self.draws:
             for _ in range(KEYS_PER_BATCH):  # lazy: computed within the step that first uses them (no extra sync)
                 self.state, key = mx.random.split(self.state)
                 self.keys.append(key)
 
     def at(self, position: int) -> mx.array:
-        """key_position: [2] uint32."""
+        """The token's key at `position`: [2] uint32."""
         self._extend(position + 1)
-        return self.keys[position]
+        return self.keys[position * self.draws + self.draws - 1]
 
     def span(self, start: int, count: int) -> mx.array:
-        """[count, 2]: the keys of positions start .. start + count - 1."""
+        """[count, 2]: the token keys of positions start .. start + count - 1."""
         self._extend(start + count)
-        return mx.stack(self.keys[start : start + count])
+        return mx.stack([self.keys[p * self.draws + self.draws - 1] for p in range(start, start + count)])
+
+    def coin_span(self, start: int, count: int) -> mx.array:
+        """[count, 2]: the XTC coins' keys of those positions (draws 2 only)."""
+        self._extend(start + count)
+        return mx.stack([self.keys[p * self.draws] for p in range(start, start + count)])
 
 
 def draw(scaled_logits: mx.array, keys: mx.array) -> mx.array:

@@ -65,14 +65,19 @@ def _candidate_probs(rows: mx.array, config: SamplingConfig, count: int) -> tupl
     return probs, short
 
 
-def scaled_logprobs(logits: mx.array, config: SamplingConfig, ranked: bool = False) -> tuple[mx.array, mx.array]:
+def scaled_logprobs(
+    logits: mx.array, config: SamplingConfig, ranked: bool = False, coin_keys: mx.array | None = None
+) -> tuple[mx.array, mx.array]:
     """(rows [N, V] as mlx-lm's sampler hands them to `categorical`: log-probabilities, -inf where the filters drop
     a token, times 1/T; short [N] bool as in to_probs_checked). mlx-lm's own ops in its order, in the logits' dtype,
-    so that a draw with key_t is mlx-lm's draw (keys.draw); `ranked`: the whole vocabulary ranked. Not for greedy
-    configs."""
+    so that a draw with key_t is mlx-lm's draw (keys.draw); `ranked`: the whole vocabulary ranked. With XTC and
+    `coin_keys` [N, 2] (the rows' coins, keys.PositionKeys.coin_span) XTC runs between min-p and top-k, as in
+    mlx-lm's sampler; without them (a drafter's rows) it is left out. Not for greedy configs."""
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     vocab = logits.shape[-1]
     short = mx.zeros(logits.shape[:-1], dtype=mx.bool_)
+    if config.xtc and coin_keys is not None:
+        return _with_xtc(logprobs, config, coin_keys) * (1.0 / config.temperature), short
     ranks = 0 < config.top_p < 1 or 0 < config.top_k < vocab
     if ranks or config.min_p != 0.0:
         count = min(vocab, max(CANDIDATES, config.top_k))
@@ -85,6 +90,28 @@ def scaled_logprobs(logits: mx.array, config: SamplingConfig, ranked: bool = Fal
             logprobs = mx.where(kept.reshape(logits.shape), logprobs, -mx.inf)
             short = short.reshape(logits.shape[:-1])
     return logprobs * (1.0 / config.temperature), short
+
+
+def _with_xtc(logprobs: mx.array, config: SamplingConfig, coin_keys: mx.array) -> mx.array:
+    """mlx-lm's filters with XTC over the whole vocabulary, a [1, V] row at a time (its shapes), row i's coin
+    drawn with coin_keys[i] as mlx-lm's apply_xtc draws it."""
+    rows = []
+    for i in range(logprobs.shape[0]):
+        row = logprobs[i : i + 1]
+        if 0 < config.top_p < 1.0:
+            row = apply_top_p(row, float32_top_p(config.top_p))
+        if config.min_p != 0.0:
+            row = apply_min_p(row, config.min_p)
+        probs = mx.softmax(row, -1)
+        mask = probs > mx.where(probs > config.xtc_threshold, probs, mx.inf).min(axis=-1, keepdims=True)
+        if config.xtc_special_tokens:
+            mask[..., list(config.xtc_special_tokens)] = False
+        coin = mx.random.uniform(0, 1, key=coin_keys[i])
+        row = mx.where(coin > config.xtc_probability, row, mx.where(mask, -mx.inf, row))
+        if 0 < config.top_k < row.shape[-1]:
+            row = apply_top_k(row, config.top_k)
+        rows.append(row)
+    return mx.concatenate(rows)
 
 
 def _sorted_filters(logprobs: mx.array, config: SamplingConfig) -> mx.array:

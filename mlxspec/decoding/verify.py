@@ -42,14 +42,18 @@ class Verdict:
 
 
 def target_samples(
-    logits: mx.array, sampling: SamplingConfig, keys: mx.array | None, ranked: bool = False
+    logits: mx.array,
+    sampling: SamplingConfig,
+    keys: mx.array | None,
+    ranked: bool = False,
+    coin_keys: mx.array | None = None,
 ) -> tuple[mx.array, mx.array]:
     """([N] one draw per row from the processed target distribution, row i with keys[i] (its output position's
     key, decoding/keys.py), the argmax when greedy; [] bool: some row ranked too few candidates and must be redrawn
     with ranked=True, the whole vocabulary ranked, same keys)."""
     if sampling.greedy:
         return mx.argmax(logits, axis=-1).astype(mx.int32), mx.array(False)
-    scaled, short = scaled_logprobs(logits, sampling, ranked)
+    scaled, short = scaled_logprobs(logits, sampling, ranked, coin_keys)
     return draw(scaled, keys), short.any()
 
 
@@ -76,15 +80,16 @@ def verify_nodes(
     keys: mx.array | None,
     host: Host,
     mark: Mark,
+    coin_keys: mx.array | None = None,
 ) -> Verdict:
     """A deterministic or coupled chain or tree, node by node: `accepted` is the deepest node whose path matched the
-    target's own samples, row i drawn with keys[i]."""
-    samples, short = target_samples(logits, sampling, keys)
+    target's own samples, row i drawn with keys[i] (and its XTC coin with coin_keys[i])."""
+    samples, short = target_samples(logits, sampling, keys, coin_keys=coin_keys)
     mark("target probs", samples)
     matched = accept_node_samples(draft, pending, samples)
     values = host(mx.concatenate([*matched, short[None].astype(mx.int32), draft.tokens]))
     redrawn = bool(values[2])
     if redrawn:
-        samples = target_samples(logits, sampling, keys, ranked=True)[0]
+        samples = target_samples(logits, sampling, keys, ranked=True, coin_keys=coin_keys)[0]
         values[:2] = host(mx.concatenate(accept_node_samples(draft, pending, samples)))
     return Verdict(values[0], values[1], values[3:], redrawn)

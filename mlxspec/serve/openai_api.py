@@ -220,7 +220,7 @@ def parse_request(body: Any, kind: str) -> CompletionRequest:
     if not isinstance(include_usage, bool):
         raise RequestError("stream_options.include_usage must be a boolean", "stream_options")
     changes: dict[str, Any] = {}
-    for name in ("temperature", "top_p", "min_p"):
+    for name in ("temperature", "top_p", "min_p", "xtc_probability", "xtc_threshold"):
         if _typed(body, name, _is_number, "a number") is not None:
             changes[name] = float(body[name])
     for name in ("top_k", "seed"):
@@ -265,6 +265,8 @@ OPTION_PARAMS = {
     "logit_bias": "logit_bias",
     "repetition_penalty": "repetition_penalty",
     "repetition_context_size": "repetition_context_size",
+    "xtc_probability": "xtc_probability",
+    "xtc_threshold": "xtc_threshold",
     "stop": "stop",
     "num_draft": "speculative.num_draft",
 }
