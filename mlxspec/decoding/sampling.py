@@ -197,12 +197,21 @@ def pick_draft_token(
 ) -> tuple[mx.array, mx.array, mx.array | None]:
     """One draft position from its logits [V]: (token fed onward [], tokens proposed [1] or [topk], q [V] or None).
 
-    Top-k (ties broken as argsort does) for trees, whose first continues the chain; the argmax for greedy chains,
+    Top-k (ties broken as argsort does) for trees, whose first continues the chain (sampled: the coupled draw,
+    then the best others); the argmax for greedy chains,
     which need no distribution; otherwise a sample from the processed draft distribution q, kept for verification.
     """
     if tree_topk > 1:
-        top = mx.argsort(-logits.astype(mx.float32))[:tree_topk].astype(mx.int32)
-        return top[0], top, None
+        top = mx.argsort(-logits.astype(mx.float32))[: tree_topk + 1].astype(mx.int32)
+        if sampling.greedy or key is None:
+            return top[0], top[:tree_topk], None
+        # Sampled: the first child (the one the chain continues from) is the coupled draw with this depth's key,
+        # the others the draft's best other tokens, so the target's own draw is among them more often
+        first = mx.random.categorical(scaled_logprobs(logits[None], sampling)[0], key=key)[0].astype(mx.int32)
+        ranks = mx.arange(top.shape[0])  # tree_topk + 1, or the whole vocabulary when it is smaller
+        others = mx.where(top == first, top.shape[0] + ranks, ranks)
+        rest = top[mx.argsort(others)[: tree_topk - 1]]
+        return first, mx.concatenate([first[None], rest]), None
     if sampling.greedy:
         token = mx.argmax(logits).astype(mx.int32)
         return token, token[None], None

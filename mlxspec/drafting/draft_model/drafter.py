@@ -105,12 +105,12 @@ class DraftModelDrafter(Drafter):
         k, greedy = self.tree_topk, self.sampling.greedy
         if self.compiled:
             try:
-                tokens, probs = self.compiled.propose(self._pending(), num_tokens, None if greedy or k > 1 else keys)
+                tokens, probs = self.compiled.propose(self._pending(), num_tokens, None if greedy else keys)
                 return self._draft(tokens, probs, num_tokens)
             except UNTRACEABLE:
                 self._go_eager()
         inputs = mx.array(self._pending(), dtype=mx.int32)
-        keys = None if greedy or k > 1 else keys
+        keys = None if greedy else keys
         tokens, probs = [], []
         self._snapshots = []
         for i in range(num_tokens):
