@@ -163,10 +163,16 @@ def test_a_draft_whose_tokenizer_grew_keeps_its_acceptance(grown_draft):
 
 
 @pytest.mark.parametrize(
-    "temperature, top_p",
-    [pytest.param(1.0, 1.0, marks=pytest.mark.slow), pytest.param(0.7, 0.9, marks=pytest.mark.slow)],
+    "temperature, top_p, acceptance, kept",
+    [
+        pytest.param(1.0, 1.0, "coupled", 150, marks=pytest.mark.slow),
+        pytest.param(0.7, 0.9, "coupled", 150, marks=pytest.mark.slow),
+        pytest.param(0.7, 0.9, "residual", 250, marks=pytest.mark.slow),
+    ],
 )
-def test_sampled_cross_tokenizer_drafting_follows_the_target_law(tiny_dirs, tmp_path, temperature, top_p):
+def test_sampled_cross_tokenizer_drafting_follows_the_target_law(
+    tiny_dirs, tmp_path, temperature, top_p, acceptance, kept
+):
     """2000 seeded runs of 3 tokens (vocabulary 8) drafted by the target's own weights behind another tokenizer
     ("h" where the target has "g": 7 of 8 tokens shared, so "g" is never drafted and comes only from the residual):
     counts against the enumerated law of the target (false alarm 1e-3), and against another prompt's (power)."""
@@ -176,13 +182,20 @@ def test_sampled_cross_tokenizer_drafting_follows_the_target_law(tiny_dirs, tmp_
     counts, accepted = np.zeros([8] * length), 0
     for seed in range(2000):
         options = DecodeOptions(
-            max_tokens=length, temperature=temperature, top_p=top_p, seed=seed, num_draft=2, stop_at_eos=False
+            max_tokens=length,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            num_draft=2,
+            stop_at_eos=False,
+            acceptance=acceptance,
         )
         result = spec.generate(prompt, options)
         counts[tuple(result.tokens)] += 1
         accepted += result.stats.accepted
-    # Drafts really accepted (about 6000 drafted): "g" holds 0.72 of the first position's mass, which no draft names
-    assert result.stats.mode.startswith("draft-xtok") and accepted > 250
+    # Drafts really accepted (about 6000 drafted): "g" holds 0.72 of the first position's mass, which no draft names;
+    # the coupled rule keeps fewer (180 at T=0.7) than Leviathan/Chen's residual rule
+    assert result.stats.mode.startswith("draft-xtok") and accepted > kept
     assert counts[(slice(None),) * (length - 1) + (6,)].sum() > 20  # "g", which no draft names, still comes out
     sampling = options.sampling
     target = spec.target.model
