@@ -12,6 +12,7 @@ import math
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from mlxspec.decoding.keys import draw
 from mlxspec.kernels import verify as verify_kernel
 from mlxspec.options import SamplingConfig
 
@@ -95,31 +96,24 @@ def scaled_logprobs(
 def _with_xtc(logprobs: mx.array, config: SamplingConfig, coin_keys: mx.array) -> mx.array:
     """mlx-lm's filters with XTC over the whole vocabulary, a [1, V] row at a time (its shapes), row i's coin
     drawn with coin_keys[i] as mlx-lm's apply_xtc draws it."""
-    rows = []
-    for i in range(logprobs.shape[0]):
-        row = logprobs[i : i + 1]
-        if 0 < config.top_p < 1.0:
-            row = apply_top_p(row, float32_top_p(config.top_p))
-        if config.min_p != 0.0:
-            row = apply_min_p(row, config.min_p)
-        probs = mx.softmax(row, -1)
-        mask = probs > mx.where(probs > config.xtc_threshold, probs, mx.inf).min(axis=-1, keepdims=True)
-        if config.xtc_special_tokens:
-            mask[..., list(config.xtc_special_tokens)] = False
-        coin = mx.random.uniform(0, 1, key=coin_keys[i])
-        row = mx.where(coin > config.xtc_probability, row, mx.where(mask, -mx.inf, row))
-        if 0 < config.top_k < row.shape[-1]:
-            row = apply_top_k(row, config.top_k)
-        rows.append(row)
+    rows = [_sorted_filters(logprobs[i : i + 1], config, coin_keys[i]) for i in range(logprobs.shape[0])]
     return mx.concatenate(rows)
 
 
-def _sorted_filters(logprobs: mx.array, config: SamplingConfig) -> mx.array:
-    """mlx-lm's filters over the whole sorted vocabulary, in its order."""
+def _sorted_filters(logprobs: mx.array, config: SamplingConfig, xtc_coin: mx.array | None = None) -> mx.array:
+    """mlx-lm's filters over the whole sorted vocabulary, in its order; with `xtc_coin` (a [1, V] row's coin key)
+    XTC between min-p and top-k."""
     if 0 < config.top_p < 1.0:
         logprobs = apply_top_p(logprobs, float32_top_p(config.top_p))
     if config.min_p != 0.0:
         logprobs = apply_min_p(logprobs, config.min_p)
+    if xtc_coin is not None:
+        probs = mx.softmax(logprobs, -1)
+        mask = probs > mx.where(probs > config.xtc_threshold, probs, mx.inf).min(axis=-1, keepdims=True)
+        if config.xtc_special_tokens:
+            mask[..., list(config.xtc_special_tokens)] = False
+        coin = mx.random.uniform(0, 1, key=xtc_coin)
+        logprobs = mx.where(coin > config.xtc_probability, logprobs, mx.where(mask, -mx.inf, logprobs))
     if 0 < config.top_k < logprobs.shape[-1]:
         logprobs = apply_top_k(logprobs, config.top_k)
     return logprobs
@@ -207,7 +201,7 @@ def pick_draft_token(
             return top[0], top[:tree_topk], None
         # Sampled: the first child (the one the chain continues from) is the coupled draw with this depth's key,
         # the others the draft's best other tokens, so the target's own draw is among them more often
-        first = mx.random.categorical(scaled_logprobs(logits[None], sampling)[0], key=key)[0].astype(mx.int32)
+        first = draw(scaled_logprobs(logits[None], sampling)[0], key[None])[0]
         ranks = mx.arange(top.shape[0])  # tree_topk + 1, or the whole vocabulary when it is smaller
         others = mx.where(top == first, top.shape[0] + ranks, ranks)
         rest = top[mx.argsort(others)[: tree_topk - 1]]
@@ -218,7 +212,7 @@ def pick_draft_token(
     # Drawn as the target draws (categorical of a [1, V] row): with the target's key for this position, the draw is
     # coupled to the target's own (decoding/keys.py)
     scaled = scaled_logprobs(logits[None], sampling)[0]
-    token = mx.random.categorical(scaled, key=key)[0].astype(mx.int32)
+    token = draw(scaled, key[None])[0]
     return token, token[None], mx.softmax(scaled[0].astype(mx.float32), axis=-1)
 
 

@@ -31,6 +31,7 @@ import mlx.nn as nn
 from mlxspec.cache.recurrent import recurrent_leaves
 from mlxspec.cache.rollback import make_speculative_cache, rollback
 from mlxspec.decoding.draft import Draft, Drafter
+from mlxspec.decoding.keys import draw
 from mlxspec.decoding.sampling import SamplingConfig, to_probs
 from mlxspec.drafting.cross_tokenizer.bridge import VocabBridge, complete_utf8
 from mlxspec.drafting.draft_model.compiled import UNTRACEABLE, CompiledDraftChain, supports_compiled_draft
@@ -146,7 +147,7 @@ class CrossTokenizerDrafter(Drafter):
         on_target = on_target.at[self.bridge.shared_target_ids].add(q[self.bridge.shared_draft_ids])
         # Drawn in target ids with the target's key for this position, as the target draws (a [1, V] row): the
         # coupled draw (decoding/keys.py); the draft model goes on with that token's draft id
-        target_token = mx.random.categorical(mx.log(on_target)[None], key=key)[0]
+        target_token = draw(mx.log(on_target)[None], key[None])[0]
         return self.bridge.to_draft_mx[target_token], on_target
 
     def _slem(self, proposal: list[int], num_tokens: int) -> Draft | None:
