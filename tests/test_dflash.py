@@ -308,6 +308,18 @@ def test_k_auto_with_dflash_is_exact_and_states_how_it_drafted(tmp_path):
     ) or "drafting to pay" in result.stats.note
 
 
+def test_k_auto_with_dflash_at_a_temperature_measures_its_block_and_keeps_the_seeded_text(tmp_path):
+    """At T>0 the block cost is measured with sampled proposals (one key per depth); the seeded text is plain's."""
+    import mlxspec
+
+    target_dir = save_tiny_model_dir(tmp_path / "target", "qwen3", seed=1, num_hidden_layers=4)
+    drafter_dir = save_zlab_dflash(tmp_path / "dflash", tiny_target("qwen3"))
+    spec = mlxspec.load(target_dir, dflash=drafter_dir, num_draft="auto")
+    options = dict(max_tokens=12, stop_at_eos=False, temperature=0.7, seed=5)
+    result = spec.generate([1, 2, 3, 1, 2], **options)
+    assert result.tokens == spec.generate([1, 2, 3, 1, 2], use_draft=False, **options).tokens
+
+
 def test_the_prompt_cache_keeps_the_drafter_rows_and_stays_exact(tmp_path):
     """A conversation's second turn reuses the first's caches, the drafter's context rows included."""
     import mlxspec

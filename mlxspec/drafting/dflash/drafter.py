@@ -134,10 +134,10 @@ def block_seconds(
     drafter.set_hidden(mx.zeros((context, width), dtype=model.fc.weight.dtype))
     mx.eval(drafter.block_logits(drafter.max_depth))  # fills the context rows; later blocks only read them
     times = []
-    key = mx.random.key(0)
+    keys = mx.random.split(mx.random.key(0), drafter.max_depth)  # one key per depth, as the engine hands them
     for _ in range(repeats + 1):
         start = time.perf_counter()
-        draft = drafter.propose(drafter.max_depth, key)
+        draft = drafter.propose(drafter.max_depth, keys)
         mx.eval(draft.tokens, draft.probs if draft.probs is not None else draft.tokens)
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
