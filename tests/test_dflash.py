@@ -171,6 +171,27 @@ def test_sampled_output_follows_the_target_law(sampling, topk, tmp_path):
     assert chi_square_pvalue(counts, exact_joint(target, prompt, other, length)) < ALPHA
 
 
+def test_a_sampled_ddtree_leads_with_the_chain_of_coupled_draws(tmp_path):
+    """At T>0 each block row's coupled draw (its depth's key) leads the row's candidates: the DDTree's first path is
+    the sampled chain the same block and keys give, so the tree keeps whatever the chain would."""
+    target = make_tiny("llama", seed=0, logit_scale=3.0, num_hidden_layers=4)
+    model = zlab_drafter(target, tmp_path)
+    sampling = SamplingConfig(1.0)
+    for seed in range(6):
+        keys = mx.random.split(mx.random.key(seed), 4)
+        proposals = []
+        for topk in (1, 3):
+            drafter = DFlashDrafter(model, target, sampling, tree_topk=topk, max_nodes=9)
+            drafter.prefill(PROMPT)
+            proposals.append(drafter.propose(4, keys))
+        chain, tree = proposals
+        parents, node, spine = tree.shape.parents, 0, []
+        for _ in range(chain.tokens.shape[0]):  # follow each node's first child: nodes are in BFS order, the spine first at its depth
+            node = parents.index(node, node + 1)
+            spine.append(tree.tokens[node - 1].item())
+        assert spine == chain.tokens.tolist(), seed
+
+
 def test_best_first_tree_keeps_the_most_probable_paths_with_their_ancestors():
     logps = np.log([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.9, 0.05, 0.05]]).tolist()
     shape, paths = best_first_tree(logps, 5)

@@ -74,6 +74,24 @@ def test_a_copying_head_has_its_drafts_accepted(family, beam):
     assert totals["accepted"] / engines[0].target_calls >= 2.5, totals
 
 
+def test_a_sampled_tree_holds_the_coupled_chain_so_a_copying_heads_draws_are_kept():
+    """At T=1 the dynamic tree's spine is each depth's coupled draw (its position's key): a head that recomputes the
+    target draws the target's own tokens there, so nearly every draft is kept, as under greedy decoding. The draft's
+    top 3 alone (of 8 tokens at T=1) hold the target's draw less often (3.0 kept a call here, against 4.0 of 4).
+    The text is plain decoding's."""
+    sampling = SamplingConfig(1.0)
+    target = make_tiny("llama", seed=0, num_hidden_layers=1, vocab_size=8)
+    prompt = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
+    plain = speculative_tokens(target, None, prompt, 40, num_draft=0, sampling=sampling, seed=4)
+    totals, engines = {}, []
+    drafter = drafter_for(copying_head(target), target, sampling, beam=3, nodes=12)
+    got = speculative_tokens(
+        target, None, prompt, 40, 4, sampling, seed=4, drafter=drafter, tree_topk=3, totals=totals, engine_out=engines
+    )
+    assert got[:40] == plain[:40]
+    assert totals["accepted"] / engines[0].target_calls >= 3.5, totals
+
+
 def test_lookup_in_front_of_an_eagle_head_stays_exact_and_both_draft():
     """Steps drafted by lookup still hand the head the rows they kept; its next proposal catches up on all of them."""
     from mlxspec.drafting.lookup.drafter import LookupThenModelDrafter, PromptLookupDrafter

@@ -64,8 +64,9 @@ def test_plain_decoding_with_a_seed_writes_mlx_lms_text(spec, settings):
 
 @pytest.mark.parametrize("settings", SETTINGS[:2])
 def test_every_draft_length_and_drafter_writes_the_same_text_for_a_seed(spec, settings):
-    """The draft model at k = 1..4 and auto, a draft-model tree, lookup, the EAGLE head and Medusa heads: every run
-    equals mlx-lm's text for the seed, and the sampled drafts were really kept (not decoded plainly)."""
+    """The draft model at k = 1..4 and auto, a draft-model tree, lookup, and the EAGLE head, Medusa heads and DFlash
+    drafter (chains and trees): every run equals mlx-lm's text for the seed, and the sampled drafts were really kept
+    (not decoded plainly)."""
     prompt = spec.tokenizer.encode(PROMPT)
     want = mlx_lm_seeded(spec.target.model, prompt, 7, 40, settings)
     kept = 0
@@ -84,9 +85,9 @@ def test_every_draft_length_and_drafter_writes_the_same_text_for_a_seed(spec, se
         dict(dflash=MODELS_DIR / "dflash"),
     ):
         other = mlxspec.load(draft=None, **heads)
-        for k in (1, 3):
-            result = other.generate(prompt, max_tokens=40, seed=7, stop_at_eos=False, num_draft=k, **settings)
-            assert result.tokens == want, (heads, k)
+        for changes in (dict(num_draft=1), dict(num_draft=3), dict(num_draft=3, tree_topk=2, tree_nodes=6)):
+            result = other.generate(prompt, max_tokens=40, seed=7, stop_at_eos=False, **changes, **settings)
+            assert result.tokens == want, (heads, changes)
 
 
 def test_a_seeded_row_writes_its_text_alone_in_a_batch_and_after_a_prompt_cache_hit(spec):

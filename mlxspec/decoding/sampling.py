@@ -196,16 +196,12 @@ def pick_draft_token(
     which need no distribution; otherwise a sample from the processed draft distribution q, kept for verification.
     """
     if tree_topk > 1:
-        top = mx.argsort(-logits.astype(mx.float32))[: tree_topk + 1].astype(mx.int32)
         if sampling.greedy or key is None:
-            return top[0], top[:tree_topk], None
-        # Sampled: the first child (the one the chain continues from) is the coupled draw with this depth's key,
-        # the others the draft's best other tokens, so the target's own draw is among them more often
-        first = draw(scaled_logprobs(logits[None], sampling)[0], key[None])[0]
-        ranks = mx.arange(top.shape[0])  # tree_topk + 1, or the whole vocabulary when it is smaller
-        others = mx.where(top == first, top.shape[0] + ranks, ranks)
-        rest = top[mx.argsort(others)[: tree_topk - 1]]
-        return first, mx.concatenate([first[None], rest]), None
+            top = mx.argsort(-logits.astype(mx.float32))[:tree_topk].astype(mx.int32)
+            return top[0], top, None
+        # Sampled: the first child (the one the chain continues from) is the coupled draw with this depth's key
+        children = coupled_candidates(logits[None], sampling, key[None], tree_topk)[0]
+        return children[0], children, None
     if sampling.greedy:
         token = mx.argmax(logits).astype(mx.int32)
         return token, token[None], None
@@ -214,6 +210,18 @@ def pick_draft_token(
     scaled = scaled_logprobs(logits[None], sampling)[0]
     token = draw(scaled, key[None])[0]
     return token, token[None], mx.softmax(scaled[0].astype(mx.float32), axis=-1)
+
+
+def coupled_candidates(logits: mx.array, sampling: SamplingConfig, keys: mx.array, width: int) -> mx.array:
+    """[N, width] candidate tokens for rows of draft logits [N, V] (sampled configs): first the coupled draw with
+    the row's key (keys [N, 2]; it is the target's own draw wherever draft and target agree, keys.py), then the
+    row's best other tokens, so a tree of them holds the target's draw more often than the draft's top-k alone."""
+    top = mx.argsort(-logits.astype(mx.float32), axis=-1)[:, : width + 1].astype(mx.int32)
+    first = draw(scaled_logprobs(logits, sampling)[0], keys)  # [N]
+    ranks = mx.arange(top.shape[1])  # width + 1, or the whole vocabulary when it is smaller
+    others = mx.where(top == first[:, None], top.shape[1] + ranks, ranks)  # the coupled draw sorts last
+    rest = mx.take_along_axis(top, mx.argsort(others, axis=-1)[:, : width - 1], axis=-1)
+    return mx.concatenate([first[:, None], rest], axis=1)
 
 
 def first_token_allowed(logits: mx.array, allowed: mx.array) -> mx.array:

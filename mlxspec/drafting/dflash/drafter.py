@@ -24,7 +24,7 @@ import mlx.nn as nn
 
 from mlxspec.decoding.draft import Draft, Drafter, common_prefix
 from mlxspec.decoding.keys import draw
-from mlxspec.decoding.sampling import SamplingConfig, scaled_logprobs
+from mlxspec.decoding.sampling import SamplingConfig, coupled_candidates, scaled_logprobs
 from mlxspec.decoding.target_features import output_head, text_model
 from mlxspec.decoding.trees import TreeShape
 from mlxspec.drafting.dflash.model import DFlashDraftModel
@@ -96,22 +96,27 @@ class DFlashDrafter(Drafter):
         self.calls += 1
         logits = self.block_logits(num_tokens)
         if self.tree_topk > 1:
-            return self._tree(logits)
+            return self._tree(logits, None if self.sampling.greedy else key[:num_tokens])
         if self.sampling.greedy:
             return Draft(mx.argmax(logits, axis=-1).astype(mx.int32))
         scaled = scaled_logprobs(logits, self.sampling)[0]  # [n, V], drawn as the target draws (keys.py)
         tokens = draw(scaled, key[:num_tokens])
         return Draft(tokens, mx.softmax(scaled.astype(mx.float32), axis=-1))
 
-    def _tree(self, logits: mx.array) -> Draft:
+    def _tree(self, logits: mx.array, keys: mx.array | None) -> Draft:
+        """DDTree over the block's rows; sampled (keys [n, 2]), each row's coupled draw leads its candidates and the
+        path of coupled draws enters the tree first (best_first_tree's spine)."""
         logp = nn.log_softmax(logits.astype(mx.float32), axis=-1)
-        top = mx.argsort(-logp, axis=-1)[:, : self.tree_topk].astype(mx.int32)  # [n, k]
+        if keys is None:
+            top = mx.argsort(-logp, axis=-1)[:, : self.tree_topk].astype(mx.int32)  # [n, k]
+        else:
+            top = coupled_candidates(logits, self.sampling, keys, self.tree_topk)
         scores = mx.take_along_axis(logp, top, axis=-1)
         values = mx.concatenate([top.astype(mx.float32), scores]).tolist()  # (ids are exact in float32)
         self.host_syncs += 1
         rows = len(values) // 2
         tokens, logps = [[int(t) for t in row] for row in values[:rows]], values[rows:]
-        shape, chosen = best_first_tree(logps, self.max_nodes)
+        shape, chosen = best_first_tree(logps, self.max_nodes, spine=keys is not None)
         return Draft(mx.array([tokens[len(path) - 1][path[-1]] for path in chosen], dtype=mx.int32), None, shape)
 
 
@@ -143,21 +148,25 @@ def block_seconds(
     return statistics.median(times[1:])
 
 
-def best_first_tree(logps: list[list[float]], max_nodes: int) -> tuple[TreeShape, list[tuple[int, ...]]]:
-    """DDTree's tree: of all paths (r_1..r_d) over each row's candidates (ranks r_i, best first, log-probs
-    logps[i][r_i]), the max_nodes of highest joint log-prob; a path enters only after its parent, so ancestors are
-    kept. -> (the TreeShape, root included, and each node's path of ranks, in BFS order)."""
+def best_first_tree(
+    logps: list[list[float]], max_nodes: int, spine: bool = False
+) -> tuple[TreeShape, list[tuple[int, ...]]]:
+    """DDTree's tree: of all paths (r_1..r_d) over each row's candidates (ranks r_i, log-probs logps[i][r_i], best
+    first after rank 0), the max_nodes of highest joint log-prob; a path enters only after its parent, so ancestors
+    are kept. `spine`: the path of rank 0s (sampled: the coupled draws) enters first, whole, whatever its score.
+    -> (the TreeShape, root included, and each node's path of ranks, in BFS order)."""
     depth_limit, width = len(logps), len(logps[0])
-    heap = [(-logps[0][0], (0,))]
+    heap = [(not spine, -logps[0][0], (0,))]
     chosen: list[tuple[int, ...]] = []
     while heap and len(chosen) < max_nodes:
-        neg, path = heapq.heappop(heap)
+        later, neg, path = heapq.heappop(heap)
         chosen.append(path)
-        if len(path) < depth_limit:  # its best child
-            heapq.heappush(heap, (neg - logps[len(path)][0], (*path, 0)))
+        if len(path) < depth_limit:  # its first child (on the spine when its parent is)
+            heapq.heappush(heap, (later, neg - logps[len(path)][0], (*path, 0)))
         if path[-1] + 1 < width:  # its next sibling
             sibling = (*path[:-1], path[-1] + 1)
-            heapq.heappush(heap, (neg + logps[len(path) - 1][path[-1]] - logps[len(path) - 1][path[-1] + 1], sibling))
+            score = neg + logps[len(path) - 1][path[-1]] - logps[len(path) - 1][path[-1] + 1]
+            heapq.heappush(heap, (True, score, sibling))
     popped = {path: i for i, path in enumerate(chosen)}
     chosen.sort(key=lambda path: (len(path), popped[path]))  # BFS: by depth, then best first
     node = {path: i + 1 for i, path in enumerate(chosen)}  # 0 is the root, the pending token

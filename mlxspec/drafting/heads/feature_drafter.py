@@ -21,7 +21,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from mlxspec.decoding.draft import Draft, Drafter, common_prefix
-from mlxspec.decoding.sampling import SamplingConfig, pick_draft_token
+from mlxspec.decoding.sampling import SamplingConfig, coupled_candidates, pick_draft_token
 from mlxspec.decoding.tree_attention import tree_context
 from mlxspec.decoding.trees import TreeShape
 from mlxspec.drafting.heads.feature_head import HeadOnTarget
@@ -85,7 +85,7 @@ class FeatureDrafter(Drafter):
             return None
         self.calls += 1
         if self.beam > 1:
-            return self._tree(*start, num_tokens)
+            return self._tree(*start, num_tokens, None if self.sampling.greedy else keys)
         return self._chain(*start, num_tokens, keys)
 
     def _chain(self, logits: mx.array, feature: mx.array, num_tokens: int, keys: mx.array | None) -> Draft:
@@ -100,12 +100,15 @@ class FeatureDrafter(Drafter):
                 logits, feature = out[0, -1], produced[0, -1]
         return Draft(mx.concatenate(tokens), mx.stack(probs) if probs else None)
 
-    def _tree(self, logits: mx.array, feature: mx.array, depth: int) -> Draft:
-        """EAGLE-2: expand the `beam` best nodes per depth, then keep the max_nodes best candidates overall."""
+    def _tree(self, logits: mx.array, feature: mx.array, depth: int, keys: mx.array | None) -> Draft:
+        """EAGLE-2: expand the `beam` best nodes per depth, then keep the max_nodes best candidates overall.
+        Sampled (keys [depth, 2]): the spine, each depth's coupled draw under the spine node before it, is expanded
+        and kept first; its children lead with the coupled draw (sampling.coupled_candidates)."""
         beam, position = self.beam, self.cache.offset
         # Candidates, depth by depth: tokens [beam*beam] (beam at depth 1), cumulative log-probs, parent candidate.
         logp = nn.log_softmax(logits.astype(mx.float32))
-        first = mx.argsort(-logp)[:beam].astype(mx.int32)
+        first = self._children(logits[None], keys, 0)[0]
+        spine = [0]  # candidate ids of the spine (sampled); frontier row 0 is always its last node
         cand_tokens, cand_scores, cand_parents = [first], [logp[first]], [mx.full((beam,), -1, dtype=mx.int32)]
         frontier = mx.arange(beam)  # candidate ids of the nodes expanded next
         frontier_features = mx.broadcast_to(feature, (beam, feature.shape[-1]))
@@ -121,13 +124,17 @@ class FeatureDrafter(Drafter):
                 context.positions = mx.full((beam,), position + d - 1, dtype=mx.int32)
                 out, produced = self.wired.step(tokens[None], frontier_features[None], mask, self.cache)
                 child_logp = nn.log_softmax(out[0].astype(mx.float32), axis=-1)  # [beam, V]
-                top = mx.argsort(-child_logp, axis=-1)[:, :beam].astype(mx.int32)  # [beam, beam]
+                top = self._children(out[0], keys, d)  # [beam, beam]
                 scores = cand_scores[-1][ids][:, None] + mx.take_along_axis(child_logp, top, axis=-1)
                 offset += cand_tokens[-1].shape[0]
                 cand_tokens.append(top.reshape(-1))
                 cand_scores.append(scores.reshape(-1))
                 cand_parents.append(mx.repeat(frontier, beam).astype(mx.int32))
-                best = mx.argsort(-scores.reshape(-1))[:beam]
+                ranking = scores.reshape(-1)
+                if keys is not None:  # the spine's new node (row 0's first child) stays in the frontier, in row 0
+                    ranking = mx.concatenate([mx.array([mx.inf]), ranking[1:]])
+                    spine.append(offset)
+                best = mx.argsort(-ranking)[:beam]
                 slot = best // beam  # which frontier row each new frontier node came from
                 frontier = offset + best
                 frontier_features = produced[0][slot]
@@ -137,9 +144,20 @@ class FeatureDrafter(Drafter):
         tokens = mx.concatenate(cand_tokens)
         values = mx.concatenate([tokens, mx.concatenate(cand_parents)]).tolist()
         scores = np.array(mx.concatenate(cand_scores).astype(mx.float32))
+        if keys is not None:
+            scores[spine] = np.inf  # kept first, depth by depth
         self.host_syncs += 1
         count = tokens.shape[0]
         return self._ranked_tree(values[:count], values[count:], scores)
+
+    def _children(self, logits: mx.array, keys: mx.array | None, depth_index: int) -> mx.array:
+        """[rows, beam] children of rows of logits [rows, V]: the top `beam`; sampled, row 0's (the spine's) lead
+        with its coupled draw under keys[depth_index]."""
+        top = mx.argsort(-logits.astype(mx.float32), axis=-1)[:, : self.beam].astype(mx.int32)
+        if keys is None:
+            return top
+        spine = coupled_candidates(logits[:1], self.sampling, keys[depth_index : depth_index + 1], self.beam)
+        return mx.concatenate([spine, top[1:]])
 
     def _ranked_tree(self, tokens: list[int], parents: list[int], scores: np.ndarray) -> Draft:
         """The max_nodes candidates of highest cumulative log-prob (their ancestors included), in BFS order."""
