@@ -186,7 +186,8 @@ def test_a_sampled_ddtree_leads_with_the_chain_of_coupled_draws(tmp_path):
             proposals.append(drafter.propose(4, keys))
         chain, tree = proposals
         parents, node, spine = tree.shape.parents, 0, []
-        for _ in range(chain.tokens.shape[0]):  # follow each node's first child: nodes are in BFS order, the spine first at its depth
+        # Follow each node's first child: nodes are in BFS order, the spine first at its depth
+        for _ in range(chain.tokens.shape[0]):
             node = parents.index(node, node + 1)
             spine.append(tree.tokens[node - 1].item())
         assert spine == chain.tokens.tolist(), seed
