@@ -5,7 +5,7 @@ t-th key of the global sequence: starting from `mx.random.key(s)`, each draw spl
 `PositionKeys` derives the same keys, by absolute output position (the first generated token is position 0), never
 by step, draft length or batch. The target's token at position t is categorical(its processed logits, key_t), as
 plain decoding draws it; a drafter that samples position t with the same key over the same vocabulary width makes
-the coupled draw (Gumbel-max: both take the argmax of their logits plus the same noise), so verification keeps a
+the coupled draw (MLX draws one row by inverse CDF: both invert their CDFs at the same uniform), so verification keeps a
 draft exactly when it equals the target's own draw, and the text is a function of the seed and the target alone
 (Daliri, Musco and Suresh, arXiv 2408.07978).
 """
