@@ -1,8 +1,10 @@
 """Time sampled verification at real vocabulary sizes (issue 11, part 4).
 
 Part 1, per vocabulary (32k, 128k, 152k, 262k), K=4, T=0.7, top-p 0.9, Zipf-shaped random logits:
-  target to_probs over K+1 rows, the draft's to_probs over K single rows (one per draft step), accept_chain, and the
-  same with the whole vocabulary sorted per row (mlx-lm's filters: the path before candidate ranking).
+  Leviathan/Chen (--acceptance residual): target to_probs over K+1 rows, the draft's to_probs over K single rows
+  (one per draft step), accept_chain, and the same with the whole vocabulary sorted per row (mlx-lm's filters: the
+  path before candidate ranking); the coupled rule (the default): the draft's K keyed draws, one per draft step,
+  and the target's K+1 keyed draws with the match.
 Part 2 (--model): the per-step time split of sampled speculative decoding on a Qwen2.5-0.5B-shaped random target
   with a 2-layer draft of the same shape (float32).
 
@@ -17,8 +19,17 @@ import time
 
 import mlx.core as mx
 
-from mlxspec.decoding.acceptance import accept_chain
-from mlxspec.decoding.sampling import SamplingConfig, sample, to_probs, to_probs_checked, to_probs_sorted
+from mlxspec.decoding.acceptance import accept_chain, accept_node_samples
+from mlxspec.decoding.draft import Draft
+from mlxspec.decoding.sampling import (
+    SamplingConfig,
+    pick_draft_token,
+    sample,
+    to_probs,
+    to_probs_checked,
+    to_probs_sorted,
+)
+from mlxspec.decoding.verify import target_samples
 from mlxspec.kernels import verify as verify_kernel
 
 VOCABS = (32000, 128256, 151936, 262144)
@@ -79,6 +90,21 @@ def part_times(vocab: int) -> dict[str, float]:
         median_ms(lambda: [mx.eval(to_probs_sorted(draft[i : i + 1], CONFIG)) for i in range(K)]),
     ]
     parts["total, whole vocabulary sorted"] = sum(sorted_parts) + parts["accept"]
+    # The coupled rule (the default): the draft draws each position with its key, the target draws every row with
+    # its position's key, and the drafts are matched (no probabilities, no residual)
+    keys = mx.random.split(key, K + 1)
+    pending = [0]
+    chain = Draft(tokens)
+
+    def coupled_target():
+        samples, short = target_samples(target, CONFIG, keys)
+        mx.eval(*accept_node_samples(chain, pending, samples), short)
+
+    parts["coupled: draft draws x4"] = median_ms(
+        lambda: [mx.eval(pick_draft_token(draft[i], CONFIG, 1, keys[i])[0]) for i in range(K)]
+    )
+    parts["coupled: target draws and match"] = median_ms(coupled_target)
+    parts["coupled total"] = parts["coupled: draft draws x4"] + parts["coupled: target draws and match"]
     return parts
 
 

@@ -101,7 +101,8 @@ def trained_drafter(target, tmp_path, steps: int = 400):
     return model
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# llama in the quick run; the other families (20 s each here) in the whole suite.
+@pytest.mark.parametrize("family", [pytest.param(f, marks=() if f == "llama" else pytest.mark.slow) for f in FAMILIES])
 def test_trained_drafts_are_accepted_exact_and_the_drafter_cache_matches_a_fresh_one(family, tmp_path):
     """Drafts really accepted (and rejected: rollback and deferred replay run); after the run the drafter's context
     rows equal those a fresh drafter builds from one forward over the whole history, so taps stayed aligned."""
@@ -359,6 +360,8 @@ def test_the_prompt_cache_keeps_the_drafter_rows_and_stays_exact(tmp_path):
     assert again.tokens == mlx_lm_greedy(load_model(target_dir).model, second, 10)
 
 
+# The whole suite (CI) runs it; the quick run keeps one train-heads round trip (test_feature_heads) within 8 minutes.
+@pytest.mark.slow
 def test_train_heads_dflash_writes_zlab_format_that_loads_resumes_and_refuses_another_base(tiny_dirs, tmp_path):
     from mlxspec.train.dflash import DFlashTrainConfig, train_dflash
 

@@ -298,6 +298,8 @@ def test_generate_with_an_eagle3_head_from_the_command_line(cli_run, tmp_path):
     assert_one_line(cli_run(*common, "--eagle", target_dir), "is not an EAGLE head")
 
 
+# The whole suite (CI) runs it; the quick run keeps one train-heads round trip (test_feature_heads) within 8 minutes.
+@pytest.mark.slow
 def test_train_heads_eagle3_writes_a_safeailab_head_that_loads_drafts_exactly_and_resumes(cli_run, tmp_path):
     """A few steps on a tiny target: the result is SafeAILab's layout (config.json with draft_vocab_size and the
     tapped layers named, d2t/t2d over the most frequent tokens), loads with --eagle and decodes exactly; a second

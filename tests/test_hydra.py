@@ -97,6 +97,8 @@ def test_hydra_tree_samples_follow_the_target_distribution(sampling):
     assert chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length)) > ALPHA
 
 
+# The whole suite (CI) runs it; the quick run keeps one train-heads round trip (test_feature_heads) within 8 minutes.
+@pytest.mark.slow
 def test_train_heads_hydra_writes_heads_that_load_with_medusa_decode_exactly_and_resume(cli_run, tmp_path):
     target_dir = save_tiny_model_dir(tmp_path / "target", "llama", seed=1, num_hidden_layers=4)
     out = tmp_path / "hydra"

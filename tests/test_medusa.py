@@ -72,6 +72,8 @@ def test_sparse_tree_picks_the_most_probable_paths_parents_first():
     assert all(p[:-1] in paths or len(p) == 1 for p in paths)
 
 
+# The whole suite (CI) runs it; the quick run keeps one train-heads round trip (test_feature_heads) within 8 minutes.
+@pytest.mark.slow
 def test_train_save_load_and_refuse_other_base_models(tiny_dirs, tmp_path):
     target = load_model(tiny_dirs["target"])
     out = tmp_path / "heads"
