@@ -117,3 +117,36 @@ def test_speculation_with_short_rows_samples_the_target_distribution(monkeypatch
     assert fallbacks > 50  # the redo path really ran
     law = np.array(to_probs_sorted(target(mx.array(prompt)[None])[0, -1], config))
     assert chi_square_pvalue(counts, law) > ALPHA
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_draft_row_draws_the_targets_coupled_token_from_its_candidates(name):
+    """draft_draw weighs only a ranked row's kept candidates (the whole row without a ranking filter), yet draws
+    what the target's own keyed draw of the processed row would (keys.draw: MLX's inverse CDF over the vocabulary,
+    tokens in id order), so coupled drafts keep matching; its q is the filters' distribution."""
+    from mlxspec.decoding.keys import draw
+
+    config = CONFIGS[name]
+    logits = peaked_logits(60, 5000, seed=4)
+    for i in range(logits.shape[0]):
+        key = mx.random.key(1000 + i)
+        token, q = sampling.draft_draw(logits[i], config, key)
+        assert token.item() == draw(sampling.scaled_logprobs(logits[i : i + 1], config)[0], key[None])[0].item(), i
+        assert np.abs(np.array(q) - np.array(to_probs_sorted(logits[i : i + 1], config)[0])).max() < 1e-6
+
+
+def test_a_draft_rows_draws_follow_the_q_it_reports():
+    """Leviathan/Chen is exact only if the draft token is a sample of the q handed to it: 6000 keyed draws of one
+    5000-token row at T=0.7, top-p 0.9 against the returned q (chi-square, false alarm 1e-3); the power check: the same
+    counts against the row's distribution at T=0.85 instead of 0.7 fail it."""
+    config = CONFIGS["top-p"]
+    mx.random.seed(7)  # a Zipf row with exponent 1.5: top-p keeps 49 tokens (simulated power 200 of 200)
+    row = (-1.5 * mx.log(mx.arange(1, 5001).astype(mx.float32)))[mx.random.permutation(5000)]
+    keys = mx.random.split(mx.random.key(3), 6000)
+    draws = [sampling.draft_draw(row, config, keys[i]) for i in range(keys.shape[0])]
+    tokens = mx.stack([token for token, _ in draws])
+    counts = np.bincount(np.array(tokens), minlength=row.shape[0])
+    q = np.array(draws[0][1])
+    assert chi_square_pvalue(counts, q) > ALPHA
+    hotter = np.array(to_probs_sorted(row[None], SamplingConfig(0.85, top_p=0.9))[0])
+    assert chi_square_pvalue(counts, hotter) < ALPHA

@@ -205,11 +205,36 @@ def pick_draft_token(
     if sampling.greedy:
         token = mx.argmax(logits).astype(mx.int32)
         return token, token[None], None
-    # Drawn as the target draws (categorical of a [1, V] row): with the target's key for this position, the draw is
-    # coupled to the target's own (decoding/keys.py)
-    scaled = scaled_logprobs(logits[None], sampling)[0]
-    token = draw(scaled, key[None])[0]
-    return token, token[None], mx.softmax(scaled[0].astype(mx.float32), axis=-1)
+    # Drawn as the target draws, with the target's key for this position: coupled to the target's own draw
+    token, q = draft_draw(logits, sampling, key)
+    return token, token[None], q
+
+
+def draft_draw(logits: mx.array, sampling: SamplingConfig, key: mx.array) -> tuple[mx.array, mx.array]:
+    """(token [] int32, q [V] float32, the law it was drawn from) for one sampled draft row, logits [V].
+
+    The target's draw (keys.draw) is MLX's inverse CDF over the processed row: tokens in id order, one uniform
+    from the key. A draft's draw never decides the output, so with a ranking filter (top-p, top-k) over a
+    vocabulary wider than the candidates it makes the same draw over the row's kept candidates alone, equal to
+    the target-style draw up to rounding at the interval edges, for the cost of ranking them instead of three
+    passes over the vocabulary (log-sum-exp, the draw's exp, q's softmax). q is what it drew from: the kept
+    candidates renormalized, as Leviathan/Chen needs it."""
+    vocab = logits.shape[-1]
+    count = min(vocab, max(CANDIDATES, sampling.top_k))
+    ranks = 0 < sampling.top_p < 1 or 0 < sampling.top_k < vocab
+    if not ranks or count == vocab:
+        scaled = scaled_logprobs(logits[None], sampling)[0]
+        return draw(scaled, key[None])[0], mx.softmax(scaled[0].astype(mx.float32), axis=-1)
+    values, indices, keep, _ = _candidate_keep(logits[None].astype(mx.float32), sampling, count)
+    order = mx.argsort(indices[0])  # id order, as the inverse CDF walks the vocabulary
+    ids = indices[0][order]
+    relative = (values[0] - values[0, :1]) * (1.0 / sampling.temperature)
+    weights = mx.where(keep[0], mx.exp(relative), 0.0)[order]
+    total = weights.sum()
+    threshold = mx.random.uniform(shape=(1,), key=key) * total
+    pick = (mx.cumsum(weights, inclusive=False) <= threshold).sum() - 1
+    q = mx.zeros((vocab,), dtype=mx.float32).at[ids].add(weights / total)
+    return ids[pick].astype(mx.int32), q
 
 
 def coupled_candidates(logits: mx.array, sampling: SamplingConfig, keys: mx.array, width: int) -> mx.array:
@@ -217,7 +242,7 @@ def coupled_candidates(logits: mx.array, sampling: SamplingConfig, keys: mx.arra
     the row's key (keys [N, 2]; it is the target's own draw wherever draft and target agree, keys.py), then the
     row's best other tokens, so a tree of them holds the target's draw more often than the draft's top-k alone."""
     top = mx.argsort(-logits.astype(mx.float32), axis=-1)[:, : width + 1].astype(mx.int32)
-    first = draw(scaled_logprobs(logits, sampling)[0], keys)  # [N]
+    first = mx.stack([draft_draw(logits[i], sampling, keys[i])[0] for i in range(logits.shape[0])])  # [N]
     ranks = mx.arange(top.shape[1])  # width + 1, or the whole vocabulary when it is smaller
     others = mx.where(top == first[:, None], top.shape[1] + ranks, ranks)  # the coupled draw sorts last
     rest = mx.take_along_axis(top, mx.argsort(others, axis=-1)[:, : width - 1], axis=-1)

@@ -23,8 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.decoding.draft import Draft, Drafter, common_prefix
-from mlxspec.decoding.keys import draw
-from mlxspec.decoding.sampling import SamplingConfig, coupled_candidates, scaled_logprobs
+from mlxspec.decoding.sampling import SamplingConfig, coupled_candidates, draft_draw
 from mlxspec.decoding.target_features import output_head, text_model
 from mlxspec.decoding.trees import TreeShape
 from mlxspec.drafting.dflash.model import DFlashDraftModel
@@ -99,9 +98,8 @@ class DFlashDrafter(Drafter):
             return self._tree(logits, None if self.sampling.greedy else key[:num_tokens])
         if self.sampling.greedy:
             return Draft(mx.argmax(logits, axis=-1).astype(mx.int32))
-        scaled = scaled_logprobs(logits, self.sampling)[0]  # [n, V], drawn as the target draws (keys.py)
-        tokens = draw(scaled, key[:num_tokens])
-        return Draft(tokens, mx.softmax(scaled.astype(mx.float32), axis=-1))
+        rows = [draft_draw(logits[i], self.sampling, key[i]) for i in range(num_tokens)]  # coupled (keys.py)
+        return Draft(mx.stack([token for token, _ in rows]), mx.stack([q for _, q in rows]))
 
     def _tree(self, logits: mx.array, keys: mx.array | None) -> Draft:
         """DDTree over the block's rows; sampled (keys [n, 2]), each row's coupled draw leads its candidates and the
