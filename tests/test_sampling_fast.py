@@ -150,3 +150,18 @@ def test_a_draft_rows_draws_follow_the_q_it_reports():
     assert chi_square_pvalue(counts, q) > ALPHA
     hotter = np.array(to_probs_sorted(row[None], SamplingConfig(0.85, top_p=0.9))[0])
     assert chi_square_pvalue(counts, hotter) < ALPHA
+
+
+def test_a_draft_that_is_the_target_keeps_nearly_every_coupled_draft_through_its_candidates():
+    """A compiled draft chain identical to a 3000-token target at T=0.7, top-p 0.9: its candidate draws
+    (draft_draw) are the target's own keyed draws, so nearly every draft is kept (23 of 24 here), and the text is
+    plain decoding's."""
+    target = make_tiny("llama", seed=0, vocab_size=3000, logit_scale=3.0)
+    draft = make_tiny("llama", seed=0, vocab_size=3000, logit_scale=3.0)
+    config = SamplingConfig(0.7, top_p=0.9)
+    plain = speculative_tokens(target, None, [1, 2, 3, 4], 30, num_draft=0, sampling=config, seed=3)
+    totals, engines = {}, []
+    got = speculative_tokens(target, draft, [1, 2, 3, 4], 30, 4, config, seed=3, totals=totals, engine_out=engines)
+    assert got[:30] == plain[:30]
+    assert engines[0].drafter.compiled is not None  # the compiled chain drew them
+    assert totals["accepted"] >= 0.9 * totals["drafted"], totals
