@@ -165,3 +165,20 @@ def test_a_draft_that_is_the_target_keeps_nearly_every_coupled_draft_through_its
     assert got[:30] == plain[:30]
     assert engines[0].drafter.compiled is not None  # the compiled chain drew them
     assert totals["accepted"] >= 0.9 * totals["drafted"], totals
+
+
+@pytest.mark.parametrize("vocab", [5000, 151936])
+def test_the_targets_draw_over_its_candidates_is_mlxs_draw_bit_for_bit(vocab):
+    """keys.draw_kept takes MLX's inverse CDF's exp at the ranked candidates alone; every token it draws equals
+    mx.random.categorical's over the whole processed row (keys.draw), with each filter setting, on rows flat enough
+    that top-p 0.9 keeps hundreds of tokens (273 of 5000, 697 of 151936) within its candidates."""
+    from mlxspec.decoding.keys import draw, draw_kept
+
+    logits = peaked_logits(30, vocab, seed=6) * 0.18  # flatter rows: large kept sets, many weights in each sum
+    keys = mx.random.split(mx.random.key(9), logits.shape[0])
+    for name, config in CONFIGS.items():
+        scaled, short, candidates = sampling.scaled_logprobs_kept(logits, config)
+        if candidates is None:  # min-p alone and temperature alone filter the whole row: draw() itself runs
+            continue
+        assert not short.any().item()  # no row reaches past its candidates (those are redrawn over the whole row)
+        assert draw_kept(scaled, candidates, keys).tolist() == draw(scaled, keys).tolist(), name

@@ -54,3 +54,21 @@ def draw(scaled_logits: mx.array, keys: mx.array) -> mx.array:
     shape, so every caller draws [1, V] rows). -> [N] int32."""
     rows = [mx.random.categorical(scaled_logits[i : i + 1], key=keys[i]) for i in range(scaled_logits.shape[0])]
     return mx.concatenate(rows).astype(mx.int32)
+
+
+def draw_kept(scaled_logits: mx.array, candidates: mx.array, keys: mx.array) -> mx.array:
+    """draw()'s tokens, bit for bit, for rows [N, V] that are -inf outside their candidates [N, C], with the exp of
+    MLX's inverse CDF (mlx/random.cpp, categorical_inverse_cdf) taken at the candidates alone. A token at -inf
+    weighs exactly 0 there (MLX's exp returns 0 below -88), and the weights are put into a zero row before MLX's
+    own sum and cumsum, so each sum adds the same values in the same order. -> [N] int32."""
+    vocab, rows = scaled_logits.shape[-1], []
+    for i in range(scaled_logits.shape[0]):
+        ids = candidates[i]
+        values = scaled_logits[i][ids].astype(mx.float32)  # categorical promotes to float32 first
+        top = values.max()  # the row's max: every other token is -inf
+        weights = mx.where(mx.isinf(top), (values == top).astype(mx.float32), mx.exp(values - top))
+        row = mx.put_along_axis(mx.zeros((vocab,), dtype=mx.float32), ids, weights, axis=0)
+        cdf = mx.cumsum(row, axis=0, inclusive=False)
+        threshold = mx.random.uniform(shape=(1,), key=keys[i]) * row.sum()
+        rows.append((cdf <= threshold).sum(keepdims=True) - 1)  # searchsorted(cdf, u, "right") - 1
+    return mx.concatenate(rows).astype(mx.int32)

@@ -69,16 +69,27 @@ def _candidate_probs(rows: mx.array, config: SamplingConfig, count: int) -> tupl
 def scaled_logprobs(
     logits: mx.array, config: SamplingConfig, ranked: bool = False, coin_keys: mx.array | None = None
 ) -> tuple[mx.array, mx.array]:
+    """scaled_logprobs_kept without the candidates."""
+    scaled, short, _ = scaled_logprobs_kept(logits, config, ranked, coin_keys)
+    return scaled, short
+
+
+def scaled_logprobs_kept(
+    logits: mx.array, config: SamplingConfig, ranked: bool = False, coin_keys: mx.array | None = None
+) -> tuple[mx.array, mx.array, mx.array | None]:
     """(rows [N, V] as mlx-lm's sampler hands them to `categorical`: log-probabilities, -inf where the filters drop
     a token, times 1/T; short [N] bool as in to_probs_checked). mlx-lm's own ops in its order, in the logits' dtype,
     so that a draw with key_t is mlx-lm's draw (keys.draw); `ranked`: the whole vocabulary ranked. With XTC and
     `coin_keys` [N, 2] (the rows' coins, keys.PositionKeys.coin_span) XTC runs between min-p and top-k, as in
-    mlx-lm's sampler; without them (a drafter's rows) it is left out. Not for greedy configs."""
+    mlx-lm's sampler; without them (a drafter's rows) it is left out. Not for greedy configs. Third: [N, C] the
+    ranked candidates outside which every token is -inf (None when the filters ran over the whole row), for
+    keys.draw_kept."""
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     vocab = logits.shape[-1]
     short = mx.zeros(logits.shape[:-1], dtype=mx.bool_)
+    candidates = None
     if config.xtc and coin_keys is not None:
-        return _with_xtc(logprobs, config, coin_keys) * (1.0 / config.temperature), short
+        return _with_xtc(logprobs, config, coin_keys) * (1.0 / config.temperature), short, candidates
     ranks = 0 < config.top_p < 1 or 0 < config.top_k < vocab
     if ranks or config.min_p != 0.0:
         count = min(vocab, max(CANDIDATES, config.top_k))
@@ -90,7 +101,8 @@ def scaled_logprobs(
             kept = mx.put_along_axis(mx.zeros(rows.shape, dtype=mx.bool_), indices, keep, axis=-1)
             logprobs = mx.where(kept.reshape(logits.shape), logprobs, -mx.inf)
             short = short.reshape(logits.shape[:-1])
-    return logprobs * (1.0 / config.temperature), short
+            candidates = indices
+    return logprobs * (1.0 / config.temperature), short, candidates
 
 
 def _with_xtc(logprobs: mx.array, config: SamplingConfig, coin_keys: mx.array) -> mx.array:

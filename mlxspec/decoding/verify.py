@@ -19,8 +19,8 @@ import mlx.core as mx
 
 from mlxspec.decoding.acceptance import accept_node_samples, accept_sampled_chain
 from mlxspec.decoding.draft import Draft
-from mlxspec.decoding.keys import draw
-from mlxspec.decoding.sampling import SamplingConfig, scaled_logprobs, to_probs_checked, to_probs_sorted
+from mlxspec.decoding.keys import draw, draw_kept
+from mlxspec.decoding.sampling import SamplingConfig, scaled_logprobs_kept, to_probs_checked, to_probs_sorted
 
 Host = Callable[[mx.array], list[int]]  # evaluates and reads an array on the host: the step's sync
 Mark = Callable[..., None]  # the engine's profiling mark: (phase, *arrays finished by then)
@@ -53,8 +53,9 @@ def target_samples(
     with ranked=True, the whole vocabulary ranked, same keys)."""
     if sampling.greedy:
         return mx.argmax(logits, axis=-1).astype(mx.int32), mx.array(False)
-    scaled, short = scaled_logprobs(logits, sampling, ranked, coin_keys)
-    return draw(scaled, keys), short.any()
+    scaled, short, candidates = scaled_logprobs_kept(logits, sampling, ranked, coin_keys)
+    tokens = draw(scaled, keys) if candidates is None else draw_kept(scaled, candidates, keys)
+    return tokens, short.any()
 
 
 def verify_sampled_chain(
