@@ -68,7 +68,13 @@ def draw_kept(scaled_logits: mx.array, candidates: mx.array, keys: mx.array) -> 
         top = values.max()  # the row's max: every other token is -inf
         weights = mx.where(mx.isinf(top), (values == top).astype(mx.float32), mx.exp(values - top))
         row = mx.put_along_axis(mx.zeros((vocab,), dtype=mx.float32), ids, weights, axis=0)
-        cdf = mx.cumsum(row, axis=0, inclusive=False)
-        threshold = mx.random.uniform(shape=(1,), key=keys[i]) * row.sum()
-        rows.append((cdf <= threshold).sum(keepdims=True) - 1)  # searchsorted(cdf, u, "right") - 1
+        rows.append(inverse_cdf(row, keys[i]))
     return mx.concatenate(rows).astype(mx.int32)
+
+
+def inverse_cdf(weights: mx.array, key: mx.array) -> mx.array:
+    """MLX's categorical_inverse_cdf on unnormalized weights [n]: the first index whose cumulative weight passes
+    uniform(key) times their sum (searchsorted(cdf, u, "right") - 1). -> [1]"""
+    cdf = mx.cumsum(weights, axis=0, inclusive=False)
+    threshold = mx.random.uniform(shape=(1,), key=key) * weights.sum()
+    return (cdf <= threshold).sum(keepdims=True) - 1

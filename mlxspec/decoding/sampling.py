@@ -12,7 +12,7 @@ import math
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from mlxspec.decoding.keys import draw
+from mlxspec.decoding.keys import draw, inverse_cdf
 from mlxspec.kernels import verify as verify_kernel
 from mlxspec.options import SamplingConfig
 
@@ -46,15 +46,23 @@ def to_probs_checked(logits: mx.array, config: SamplingConfig) -> tuple[mx.array
     not_short = mx.zeros(logits.shape[:-1], dtype=mx.bool_)
     if config.greedy:
         return to_probs_sorted(logits, config), not_short  # one-hot on the argmax: nothing to rank
-    ranks = 0 < config.top_p < 1 or 0 < config.top_k < vocab
-    count = min(vocab, max(CANDIDATES, config.top_k))
-    if not ranks and config.min_p == 0.0:  # temperature alone: no normalization needed before the softmax
+    count = ranked_candidates(config, vocab)
+    if not (0 < config.top_p < 1 or 0 < config.top_k < vocab) and config.min_p == 0.0:
+        # temperature alone: no normalization needed before the softmax
         return mx.softmax(logits * (1.0 / config.temperature), axis=-1), not_short
-    if not ranks or count == vocab:
+    if not count:
         return to_probs_sorted(logits, config), not_short
     rows = logits.reshape(-1, vocab)
     probs, short = _candidate_probs(rows, config, count)
     return probs.reshape(logits.shape), short.reshape(logits.shape[:-1])
+
+
+def ranked_candidates(config: SamplingConfig, vocab: int) -> int:
+    """How many of a row's best tokens the filters rank (top-p or top-k on; CANDIDATES, or top_k if larger), or 0
+    where none ranks the row or the ranking would span the whole vocabulary (then the whole row is sorted)."""
+    count = min(vocab, max(CANDIDATES, config.top_k))
+    ranks = 0 < config.top_p < 1 or 0 < config.top_k < vocab
+    return count if ranks and count < vocab else 0
 
 
 def _candidate_probs(rows: mx.array, config: SamplingConfig, count: int) -> tuple[mx.array, mx.array]:
@@ -90,10 +98,9 @@ def scaled_logprobs_kept(
     candidates = None
     if config.xtc and coin_keys is not None:
         return _with_xtc(logprobs, config, coin_keys) * (1.0 / config.temperature), short, candidates
-    ranks = 0 < config.top_p < 1 or 0 < config.top_k < vocab
-    if ranks or config.min_p != 0.0:
-        count = min(vocab, max(CANDIDATES, config.top_k))
-        if ranked or count == vocab or not ranks:
+    if 0 < config.top_p < 1 or 0 < config.top_k < vocab or config.min_p != 0.0:
+        count = ranked_candidates(config, vocab)
+        if ranked or not count:
             logprobs = _sorted_filters(logprobs, config)
         else:
             rows = logits.reshape(-1, vocab).astype(mx.float32)
@@ -232,9 +239,8 @@ def draft_draw(logits: mx.array, sampling: SamplingConfig, key: mx.array) -> tup
     passes over the vocabulary (log-sum-exp, the draw's exp, q's softmax). q is what it drew from: the kept
     candidates renormalized, as Leviathan/Chen needs it."""
     vocab = logits.shape[-1]
-    count = min(vocab, max(CANDIDATES, sampling.top_k))
-    ranks = 0 < sampling.top_p < 1 or 0 < sampling.top_k < vocab
-    if not ranks or count == vocab:
+    count = ranked_candidates(sampling, vocab)
+    if not count:
         scaled = scaled_logprobs(logits[None], sampling)[0]
         return draw(scaled, key[None])[0], mx.softmax(scaled[0].astype(mx.float32), axis=-1)
     values, indices, keep, _ = _candidate_keep(logits[None].astype(mx.float32), sampling, count)
@@ -242,11 +248,8 @@ def draft_draw(logits: mx.array, sampling: SamplingConfig, key: mx.array) -> tup
     ids = indices[0][order]
     relative = (values[0] - values[0, :1]) * (1.0 / sampling.temperature)
     weights = mx.where(keep[0], mx.exp(relative), 0.0)[order]
-    total = weights.sum()
-    threshold = mx.random.uniform(shape=(1,), key=key) * total
-    pick = (mx.cumsum(weights, inclusive=False) <= threshold).sum() - 1
-    q = mx.zeros((vocab,), dtype=mx.float32).at[ids].add(weights / total)
-    return ids[pick].astype(mx.int32), q
+    q = mx.zeros((vocab,), dtype=mx.float32).at[ids].add(weights / weights.sum())
+    return ids[inverse_cdf(weights, key)[0]].astype(mx.int32), q
 
 
 def coupled_candidates(logits: mx.array, sampling: SamplingConfig, keys: mx.array, width: int) -> mx.array:

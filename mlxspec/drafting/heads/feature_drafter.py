@@ -153,11 +153,11 @@ class FeatureDrafter(Drafter):
     def _children(self, logits: mx.array, keys: mx.array | None, depth_index: int) -> mx.array:
         """[rows, beam] children of rows of logits [rows, V]: the top `beam`; sampled, row 0's (the spine's) lead
         with its coupled draw under keys[depth_index]."""
-        top = mx.argsort(-logits.astype(mx.float32), axis=-1)[:, : self.beam].astype(mx.int32)
         if keys is None:
-            return top
+            return mx.argsort(-logits.astype(mx.float32), axis=-1)[:, : self.beam].astype(mx.int32)
         spine = coupled_candidates(logits[:1], self.sampling, keys[depth_index : depth_index + 1], self.beam)
-        return mx.concatenate([spine, top[1:]])
+        others = mx.argsort(-logits[1:].astype(mx.float32), axis=-1)[:, : self.beam].astype(mx.int32)
+        return mx.concatenate([spine, others])  # (row 0 sorted once, inside coupled_candidates)
 
     def _ranked_tree(self, tokens: list[int], parents: list[int], scores: np.ndarray) -> Draft:
         """The max_nodes candidates of highest cumulative log-prob (their ancestors included), in BFS order."""
