@@ -411,7 +411,7 @@ def test_a_paused_controller_decodes_plainly_where_no_length_pays_and_keeps_prob
 
 def test_where_drafting_steps_are_timed_slower_than_plain_ones_the_controller_pauses():
     """The curve can say drafting pays while the steps say otherwise (per-step overhead the curve leaves out): the
-    measured seconds per token win, with drafting probes (after PROBE_EVERY steps, then less often) and plain steps
+    steps' measured cost over the curve's scales drafting's, with drafting probes (after PROBE_EVERY steps, then less often) and plain steps
     kept measured."""
     from mlxspec.decoding.costs import PROBE_EVERY, WARMUP_STEPS, CostCurve, DraftLengthController
 
@@ -420,16 +420,16 @@ def test_where_drafting_steps_are_timed_slower_than_plain_ones_the_controller_pa
     lengths = [controller.next_length() for _ in range(PROBE_EVERY)]
     assert lengths.count(0) == 1 and all(k > 0 for k in lengths[:-1])  # drafting, with one plain step to measure
     for _ in range(WARMUP_STEPS):
-        controller.observe(True, 1.0, 1)  # not counted
+        controller.observe(2, 1.0)  # not counted
     for _ in range(5):
-        controller.observe(True, 0.030, 2)  # 15 ms a token drafting
-        controller.observe(False, 0.010, 1)  # 10 ms a token plain
-    assert controller.drafting_measured_slower()
+        controller.observe(2, 0.030)  # a drafting step: 3x the curve's 10 ms
+        controller.observe(0, 0.010)  # a plain one: as the curve says
+    assert controller.drafting_scale == pytest.approx(3.0)
     paused = [controller.next_length() for _ in range(3 * PROBE_EVERY)]
     assert [i + 1 for i, k in enumerate(paused) if k] == [PROBE_EVERY, 3 * PROBE_EVERY]  # probes at 8, then 16 on
     for _ in range(10):
-        controller.observe(True, 0.010, 2)  # the probes now pay: 5 ms a token
-    assert not controller.drafting_measured_slower() and controller.next_length() > 0
+        controller.observe(2, 0.010)  # the probes now cost what the curve says
+    assert controller.drafting_scale < 1.5 and controller.next_length() > 0
 
 
 def test_a_paused_controller_lets_plain_steps_queue_their_next_forward_and_stays_exact():

@@ -217,7 +217,10 @@ def load_contenders(p: dict, max_draft: int) -> tuple:
     speculator.options = speculator.options.updated(kernel=p["kernel"]).validate()
     original = speculator.target  # heads are checked against the target they were trained on
     if widen_spec is not None:  # the target first: a spec that cannot hold it is named as given
-        speculator.target = runner.widened_target(speculator.target, widen_spec)
+        # A new Speculator, not a swapped attribute: its drafting provider must time the widened target's cost curve
+        # (with the old one kept there, -k auto chose lengths from the embedded target's curve).
+        widened = runner.widened_target(speculator.target, widen_spec)
+        speculator = Speculator(widened, speculator.draft, options=speculator.options)
         click.echo(f"# target: {speculator.target.path.name}, {runner.parameter_count(speculator.target)}")
     head = None
     if mtp_source:

@@ -23,7 +23,9 @@ from mlxspec.loading import LoadedModel
 from mlxspec.platform import blas_in_use, cache_dir
 
 CURVES_FILE = "cost_curves.json"
-CURVE_VERSION = "v2"  # monotone curves, with the kernel's attention: older stored curves are measured again
+# v3: the draft timed as a chain runs it (a cold first forward, then warm ones): older stored curves are measured again
+CURVE_VERSION = "v3"
+DRAFT_CHAIN = 4  # one-token draft forwards timed back to back per round, as a step drafts them
 
 
 @dataclass
@@ -31,10 +33,12 @@ class CostCurve:
     """Median seconds of one forward pass over n new tokens at a fixed context, per n."""
 
     target: dict[int, float]
-    draft_one: float  # one draft forward of one token (0 for drafters without a model)
+    draft_one: float  # one warm draft forward of one token, as a chain's later ones run (0 without a draft model)
     context: int
     blas: str
-    draft_block: float = 0.0  # one forward of a block drafter (DFlash), whatever k: paid once per drafting step
+    # Paid once per drafting step, whatever k: a block drafter's forward (DFlash), or what a draft model's first
+    # forward costs beyond a warm one (the target's forward in between evicts its weights from the caches).
+    draft_block: float = 0.0
     spread: float = 0.0  # the largest interquartile range over median of any size's timings: how noisy it was
     attempts: int = 1  # measurements taken of this curve (a noisy one is measured again, up to MAX_ATTEMPTS)
 
@@ -50,6 +54,12 @@ class CostCurve:
         slope = (self.target[last] - self.target[before]) / (last - before)
         return self.target[last] + slope * (n - last)
 
+    def step_cost(self, k: int, rows: int = 1) -> float:
+        """Seconds of one step drafting k tokens in each of `rows` rows (k = 0: plain), then verifying them all in
+        one forward."""
+        drafting = rows * (k * self.draft_one + (self.draft_block if k else 0.0))
+        return drafting + self.target_cost(rows * (k + 1))
+
 
 def expected_tokens(alpha: float, k: int) -> float:
     """Leviathan et al.: tokens per step with k drafts accepted i.i.d. with probability alpha (bonus included)."""
@@ -58,18 +68,18 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def expected_speedup(curve: CostCurve, alpha: float, k: int, rows: int = 1) -> float:
+def expected_speedup(curve: CostCurve, alpha: float, k: int, rows: int = 1, drafting_scale: float = 1.0) -> float:
     """Tokens per second relative to plain decoding for draft length k (k = 0 is plain decoding), with `rows`
     sequences decoding together (continuous batching): their one verify forward carries rows * (k + 1) tokens and
-    each row drafts on its own, so the curve is read at the batch's total tokens, not one sequence's."""
-    drafting = rows * (k * curve.draft_one + (curve.draft_block if k else 0.0))
-    step_seconds = drafting + curve.target_cost(rows * (k + 1))
+    each row drafts on its own, so the curve is read at the batch's total tokens, not one sequence's.
+    `drafting_scale`: what drafting steps were timed at over the curve's cost, relative to plain steps'."""
+    step_seconds = curve.step_cost(k, rows) * (drafting_scale if k else 1.0)
     return rows * expected_tokens(alpha, k) * (curve.target_cost(rows) / rows) / step_seconds
 
 
-def best_draft_length(curve: CostCurve, alpha: float, max_k: int, rows: int = 1) -> int:
+def best_draft_length(curve: CostCurve, alpha: float, max_k: int, rows: int = 1, drafting_scale: float = 1.0) -> int:
     """The k in 0..max_k that maximizes expected speedup at this many rows; 0 means speculation would lose."""
-    return max(range(max_k + 1), key=lambda k: expected_speedup(curve, alpha, k, rows))
+    return max(range(max_k + 1), key=lambda k: expected_speedup(curve, alpha, k, rows, drafting_scale))
 
 
 def _forward_timer(model: nn.Module, context: int):
@@ -103,8 +113,12 @@ def _spread(times: list[float]) -> float:
 def measure_curve(
     target: nn.Module, draft: nn.Module | None, sizes=(1, 2, 4, 8, 16, 32), context: int = 256, repeats: int = 7
 ) -> CostCurve:
-    """The median of `repeats` timings per size, taken in interleaved rounds (every size, and the draft's one
-    token, once per round), so a burst of load falls on all sizes alike rather than on whichever ran then."""
+    """The median of `repeats` timings per size, taken in interleaved rounds (every size, and a chain of draft
+    forwards, once per round), so a burst of load falls on all sizes alike rather than on whichever ran then.
+
+    The draft runs DRAFT_CHAIN one-token forwards back to back, as a step drafts: the first, right after the
+    target's forward, is cold (the widened bed's 1.3M draft: 3.0 ms against 1.4 ms warm), and its excess is
+    paid once per drafting step (draft_block), not per token."""
     from mlxspec.progress import Progress
 
     sizes = sorted(sizes)
@@ -112,7 +126,8 @@ def measure_curve(
     target_timer = _forward_timer(target, context)
     draft_timer = _forward_timer(draft, context) if draft is not None else None
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    draft_times: list[float] = []
+    draft_times: list[float] = []  # the warm forwards' mean, per round
+    first_times: list[float] = []
     for round_ in range(repeats + 1):  # the first round warms kernels up and is not counted
         progress.update(round_)
         for n in sizes:
@@ -120,16 +135,20 @@ def measure_curve(
             if round_:
                 times[n].append(seconds)
         if draft_timer is not None:
-            seconds = draft_timer(1)
+            chain = [draft_timer(1) for _ in range(DRAFT_CHAIN)]
             if round_:
-                draft_times.append(seconds)
+                first_times.append(chain[0])
+                draft_times.append(statistics.mean(chain[1:]))
     progress.close()
     costs, most = {}, 0.0
     for n in sizes:  # verifying more tokens never costs less: a noisy small size must not make a longer draft free
         most = costs[n] = max(most, statistics.median(times[n]))
     spread = max([_spread(times[n]) for n in sizes] + ([_spread(draft_times)] if draft_times else []))
     draft_one = statistics.median(draft_times) if draft_times else 0.0
-    return CostCurve(costs, draft_one, context, blas_in_use(), spread=round(spread, 4))
+    draft_first = statistics.median(first_times) if first_times else 0.0
+    return CostCurve(
+        costs, draft_one, context, blas_in_use(), draft_block=max(0.0, draft_first - draft_one), spread=round(spread, 4)
+    )
 
 
 def _key(kernel: str, *model_paths: Path | None) -> str:
@@ -206,12 +225,14 @@ def _stored_curve(entry) -> CostCurve | None:
             float(entry["draft_one"]),
             int(entry["context"]),
             str(entry["blas"]),
+            draft_block=float(entry.get("draft_block", 0.0)),
             spread=float(entry.get("spread", 0.0)),
             attempts=int(entry.get("attempts", 1)),
         )
     except (TypeError, KeyError, ValueError, AttributeError):
         return None
-    return curve if curve.target and all(t > 0 for t in curve.target.values()) else None
+    sane = all(t > 0 for t in curve.target.values()) and curve.draft_one >= 0 and curve.draft_block >= 0
+    return curve if curve.target and sane else None
 
 
 def forget_curves() -> bool:
@@ -240,7 +261,7 @@ def why_drafting_cannot_pay(curve: CostCurve, max_k: int) -> str:
 PROBE_EVERY = 8  # a paused controller drafts every this many steps (a drafting one decodes plainly), at first
 MAX_PROBE_EVERY = 64  # the interval doubles after each probe while the mode holds, up to this
 WARMUP_STEPS = 2  # steps whose timing is not counted
-STEP_MEMORY = 0.8  # forgetting of the measured seconds per token
+STEP_MEMORY = 0.8  # forgetting of the measured cost scales, per step since each was last measured
 
 
 class DraftLengthController:
@@ -251,9 +272,12 @@ class DraftLengthController:
     MAX_PROBE_EVERY, while the pause holds). pause=False drafts at least one token every step.
 
     The curve is measured once and leaves out what a step costs besides the forwards (acceptance, the drafter's
-    bookkeeping), which on a small target is a visible share. So with pause, the controller also times the steps
-    themselves (`observe`): where drafting steps have been measured slower per token than plain ones, it pauses
-    too; and while drafting it takes a plain step now and then (the same growing interval), so both stay measured."""
+    bookkeeping), which on a small target is a visible share, and a busy spell since. So with pause, the
+    controller also times the steps themselves (`observe`): each step's seconds over the curve's cost of that step,
+    for drafting and for plain steps. Their ratio scales the drafting steps' cost when choosing k, so where drafting
+    steps run dearer than the curve says, k shrinks or drafting pauses. While drafting it takes a plain step now
+    and then (the same growing interval), so both stay measured. A step's time is compared, not its time per token:
+    how many tokens one step keeps swings with acceptance, which the long-memory alpha measures instead."""
 
     def __init__(
         self, curve: CostCurve, max_k: int, prior_alpha: float = 0.6, memory: float = 0.9, pause: bool = False
@@ -261,7 +285,7 @@ class DraftLengthController:
         self.curve, self.max_k, self.memory, self.pause = curve, max_k, memory, pause
         self.timed = True  # False: step timings never pause drafting (the lengths follow the text alone)
         self.paused, self.mode_steps, self.probe_interval, self.observed_steps = False, 0, PROBE_EVERY, 0
-        self.seconds_per_token: dict[bool, float] = {}  # measured, drafting (True) and plain (False) steps
+        self.cost_scale: dict[bool, float] = {}  # measured step seconds over the curve's: drafting (True), plain
         self.last_observed: dict[bool, int] = {}  # the observed step each mode was last timed at
         self.committed_plain = False  # plain_next promised the coming step is plain (its forward is queued)
         # Acceptance counts with exponential forgetting; the prior counts as two steps' worth.
@@ -273,6 +297,16 @@ class DraftLengthController:
     def alpha(self) -> float:
         return self.successes / (self.successes + self.failures)
 
+    @property
+    def drafting_scale(self) -> float:
+        """Drafting steps' measured cost over the curve's, relative to plain steps' (1 until both are measured)."""
+        scale = self.cost_scale
+        return scale[True] / scale[False] if True in scale and False in scale else 1.0
+
+    def best_length(self, rows: int = 1) -> int:
+        scale = self.drafting_scale if self.pause else 1.0
+        return best_draft_length(self.curve, self.alpha, self.max_k, rows, scale)
+
     def next_length(self, rows: int = 1) -> int:
         """This step's draft length, with `rows` sequences decoding together: as the batch fills, the verify
         forward's tokens grow by rows per draft token, so k shrinks, and drafting pauses where no length pays."""
@@ -282,7 +316,7 @@ class DraftLengthController:
             self.committed_plain = False
             self.mode_steps += 1
             return 0
-        predicted = best_draft_length(self.curve, self.alpha, self.max_k, rows)
+        predicted = self.best_length(rows)
         paused = self._paused(predicted)
         if not self.pause:
             return max(1, predicted)  # never below one draft token: with none, alpha would stop being measured
@@ -290,13 +324,13 @@ class DraftLengthController:
         if self.mode_steps % self.probe_interval == 0:  # a probe of the other mode keeps both measured
             self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_EVERY)  # and grows while the mode holds
             self.mode_steps = 0
-            return max(1, predicted) if paused else 0
-        return 0 if paused else max(1, predicted)
+            return max(1, best_draft_length(self.curve, self.alpha, self.max_k, rows)) if paused else 0
+        return 0 if paused else predicted
 
     def _paused(self, predicted: int) -> bool:
-        """Whether no length pays (by the curve, or by the steps' measured speed); a change of mode restarts the
-        probing at PROBE_EVERY."""
-        paused = self.pause and (predicted == 0 or self.drafting_measured_slower())
+        """Whether no length pays (by the curve scaled by the steps' measured cost); a change of mode restarts
+        the probing at PROBE_EVERY."""
+        paused = self.pause and predicted == 0
         if paused != self.paused:
             self.paused, self.mode_steps, self.probe_interval = paused, 0, PROBE_EVERY
         return paused
@@ -306,30 +340,27 @@ class DraftLengthController:
         engine may queue that step's forward now, as plain decoding does."""
         if not self.pause or not self.can_win or self.committed_plain:
             return False
-        if not self._paused(best_draft_length(self.curve, self.alpha, self.max_k)):
+        if not self._paused(self.best_length()):
             return False
         if (self.mode_steps + 1) % self.probe_interval == 0:
             return False
         self.committed_plain = True
         return True
 
-    def drafting_measured_slower(self) -> bool:
-        measured = self.seconds_per_token
-        return True in measured and False in measured and measured[True] > measured[False]
-
-    def observe(self, drafted: bool, seconds: float, tokens: int) -> None:
-        """A step's wall time and tokens: seconds per token of drafting and of plain steps, with forgetting. The
-        first WARMUP_STEPS steps (compilation, the prompt's last token) are not counted."""
+    def observe(self, drafted: int, seconds: float) -> None:
+        """A step's wall time and its draft length (0: plain): its cost over the curve's, per mode, with
+        forgetting. The first WARMUP_STEPS steps (compilation, the prompt's last token) are not counted."""
         self.observed_steps += 1
-        if not self.timed or tokens <= 0 or self.observed_steps <= WARMUP_STEPS:
+        if not self.timed or self.observed_steps <= WARMUP_STEPS:
             return
-        rate = seconds / tokens
-        old = self.seconds_per_token.get(drafted)
+        mode = drafted > 0
+        ratio = seconds / max(self.curve.step_cost(drafted), 1e-9)
+        old = self.cost_scale.get(mode)
         # An estimate fades with the steps since it was measured, not with its own count: a probe after a long
         # pause mostly replaces what a busy moment measured, so a noisy spell cannot hold a pause for good.
-        memory = STEP_MEMORY ** (self.observed_steps - self.last_observed.get(drafted, self.observed_steps - 1))
-        self.seconds_per_token[drafted] = rate if old is None else memory * old + (1 - memory) * rate
-        self.last_observed[drafted] = self.observed_steps
+        memory = STEP_MEMORY ** (self.observed_steps - self.last_observed.get(mode, self.observed_steps - 1))
+        self.cost_scale[mode] = ratio if old is None else memory * old + (1 - memory) * ratio
+        self.last_observed[mode] = self.observed_steps
 
     def update(self, drafted: int, accepted: int) -> None:
         """A chain stops at its first rejection: `accepted` successes, then one failure unless all were accepted."""

@@ -36,6 +36,9 @@ class Drafter(Protocol):
     target_taps: tuple[int, ...] = ()  # with uses_target_hidden: the target layers whose outputs are the features
     max_nodes: int = 0  # the most nodes one proposal may hold (0: no more than the engine's num_draft)
     max_depth: int = 0  # the deepest it can draft whatever it is asked (Medusa: its heads); 0: as deep as asked
+    # True: its state follows the committed tokens alone, so an adaptive run may prefill it at its first draft, and
+    # a run the controller keeps plain never pays for it (a draft model's prompt)
+    prefill_may_wait: bool = False
 
     def prefill(self, history: Sequence[int]) -> None:
         """Start on `history`, the engine's committed tokens (the prompt so far; its last token is where drafting

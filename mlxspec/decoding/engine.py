@@ -113,6 +113,7 @@ class SpeculativeEngine:
         self.taps: tuple[int, ...] = tuple(drafter.target_taps) if self.wants_hidden else ()
         self._hidden: mx.array | None = None
         self._prefetched: mx.array | None = None  # [1, V] lazy logits of a queued plain forward (see _plain_step)
+        self.drafter_behind = False  # its prefill waits for its first draft (Drafter.prefill_may_wait)
         # A target sharded over ranks (distributed.Sharding): every rank verifies rank 0's drafts and emits its outcome.
         self.ranks: Ranks | None = None
 
@@ -145,6 +146,8 @@ class SpeculativeEngine:
         if self.drafter is not None:  # it reads self.history, the committed tokens, and keeps no copy
             if drafter_reused:
                 self.drafter.resume(self.history, drafter_reused)
+            elif self.controller is not None and self.drafter.prefill_may_wait:
+                self.drafter_behind = True
             else:
                 self.drafter.prefill(self.history)
             if self.wants_hidden:  # every prompt row but the pending token's (none for a one-token prompt)
@@ -205,6 +208,10 @@ class SpeculativeEngine:
         assert budget == 0 or self._prefetched is None  # a forward is queued only for a plain step (_next_is_plain)
         if self.room() is not None:
             budget = min(budget, self.room())
+        if budget > 0 and self.drafter_behind:  # its deferred prefill, over everything committed so far
+            self.drafter.prefill(self.history)
+            self.drafter_behind = False
+            self._mark_time = started = time.perf_counter()  # a one-off, not what this step length costs
         draft = (yield DraftRequest(self.drafter, budget, self._draft_keys(budget, draft_key))) if budget > 0 else None
         if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():
             draft = None  # no room in the context to verify it: decode one token instead
@@ -224,9 +231,9 @@ class SpeculativeEngine:
         if self.controller is not None:
             self.controller.update(result.drafted, result.accepted)
             if rows == 1:  # beside other rows the wall time is the whole round's, not this row's step
-                self.controller.observe(draft is not None, time.perf_counter() - started, len(result.tokens))
+                self.controller.observe(result.drafted if draft is not None else 0, time.perf_counter() - started)
         self.history.extend(result.tokens)  # committed: the drafter reads them from here
-        if self.drafter is not None:
+        if self.drafter is not None and not self.drafter_behind:
             self.drafter.accept(result.tokens, result.proposed)
             if self.wants_hidden:  # the hidden states of the kept rows: the fed token's, then the kept drafts'
                 self.drafter.set_hidden(self._hidden[mx.array([0, *result.path], dtype=mx.int32)])

@@ -132,7 +132,7 @@ class DrafterProvider:
         # Every drafter pauses where no length pays: decoding plainly, with a one-token probe every few steps, costs
         # less than a draft token per step that is rarely accepted (the default on the embedded models ran at
         # 0.87-0.95x plain without it).
-        return DraftLengthController(replace(curve, draft_block=block_seconds), max_draft, pause=True)
+        return DraftLengthController(replace(curve, draft_block=curve.draft_block + block_seconds), max_draft, pause=True)
 
     def block_seconds(self, drafter: DFlashDrafter, target: Any, options: DecodeOptions) -> float:
         """One block drafter proposal at context 256, drawn as these options draw it (greedy, or sampled with the

@@ -24,6 +24,8 @@ class DraftModelDrafter(Drafter):
     sibling leaves (SpecInfer-style branching at the cost of a chain's draft calls).
     """
 
+    prefill_may_wait = True  # its cache follows the committed tokens alone
+
     def __init__(
         self,
         model: nn.Module,
