@@ -178,7 +178,8 @@ def _knee_curve(knee: int = 8):
 
 
 def test_the_draft_length_shrinks_as_the_batch_fills_and_stops_where_it_cannot_pay():
-    from mlxspec.decoding.costs import DraftLengthController, best_draft_length
+    from mlxspec.decoding.costs import best_draft_length
+    from mlxspec.decoding.draft_length import DraftLengthController
 
     curve = _knee_curve()
     lengths = [best_draft_length(curve, 0.8, 7, rows) for rows in (1, 2, 4, 8)]
@@ -195,7 +196,7 @@ def test_a_full_batch_drafts_less_and_stays_exact(embedded, monkeypatch):
     """Adaptive rows on a curve flat to 4 tokens, where 5 rows leave no room for drafts: the batched rows mostly
     decode plainly (only the pause's probes draft), their stats say how many rows they shared, and every row
     equals its solo run; the same rows alone draft every step."""
-    from mlxspec.decoding.costs import DraftLengthController
+    from mlxspec.decoding.draft_length import DraftLengthController
 
     spec = embedded
     monkeypatch.setattr(

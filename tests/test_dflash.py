@@ -305,7 +305,8 @@ def test_a_widened_drafter_on_the_widened_target_keeps_its_function(tmp_path):
 
 
 def test_the_draft_length_controller_pays_a_block_drafter_once_per_step():
-    from mlxspec.decoding.costs import CostCurve, DraftLengthController, expected_speedup
+    from mlxspec.decoding.costs import CostCurve, expected_speedup
+    from mlxspec.decoding.draft_length import DraftLengthController
 
     flat = {n: 0.010 for n in range(1, 9)}  # verification as cheap as one token: a bandwidth-bound target
     cheap = CostCurve(flat, 0.0, 256, "test", draft_block=0.002)
@@ -384,7 +385,8 @@ def test_train_heads_dflash_writes_zlab_format_that_loads_resumes_and_refuses_an
 
 
 def test_a_paused_controller_decodes_plainly_where_no_length_pays_and_keeps_probing():
-    from mlxspec.decoding.costs import MAX_PROBE_EVERY, PROBE_EVERY, CostCurve, DraftLengthController
+    from mlxspec.decoding.costs import CostCurve
+    from mlxspec.decoding.draft_length import MAX_PROBE_EVERY, PROBE_EVERY, DraftLengthController
 
     curve = CostCurve({n: 0.010 for n in range(1, 9)}, 0.0, 256, "test", draft_block=0.006)
     controller = DraftLengthController(curve, 7, pause=True)
@@ -411,9 +413,10 @@ def test_a_paused_controller_decodes_plainly_where_no_length_pays_and_keeps_prob
 
 def test_where_drafting_steps_are_timed_slower_than_plain_ones_the_controller_pauses():
     """The curve can say drafting pays while the steps say otherwise (per-step overhead the curve leaves out): the
-    steps' measured cost over the curve's scales drafting's, with drafting probes (after PROBE_EVERY steps, then less often) and plain steps
-    kept measured."""
-    from mlxspec.decoding.costs import PROBE_EVERY, WARMUP_STEPS, CostCurve, DraftLengthController
+    steps' measured cost over the curve's scales drafting's, with drafting probes (after PROBE_EVERY steps, then
+    less often) and plain steps kept measured."""
+    from mlxspec.decoding.costs import CostCurve
+    from mlxspec.decoding.draft_length import PROBE_EVERY, WARMUP_STEPS, DraftLengthController
 
     curve = CostCurve({n: 0.010 for n in range(1, 9)}, 0.0, 256, "test")  # flat: every length looks free
     controller = DraftLengthController(curve, 4, pause=True)
@@ -437,7 +440,8 @@ def test_a_paused_controller_lets_plain_steps_queue_their_next_forward_and_stays
     decoding does (the overlap a paused draft model lacked): output stays equal to plain decoding, the promise is
     kept (no drafting step follows a queued forward), and the probes still draft."""
     from mlxspec.decoding.assembly import build_engine
-    from mlxspec.decoding.costs import CostCurve, DraftLengthController
+    from mlxspec.decoding.costs import CostCurve
+    from mlxspec.decoding.draft_length import DraftLengthController
     from mlxspec.drafting.factory import make_drafter
     from mlxspec.options import DecodeOptions
 

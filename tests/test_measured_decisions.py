@@ -76,7 +76,8 @@ def test_a_busy_spell_that_timed_drafting_slow_does_not_hold_the_pause():
     steps, then less often. An estimate fades with the steps since it was measured, so two probes at the curve's
     cost end the pause. It held for about eight probes, hundreds of steps, when each probe only moved the estimate
     a fifth of the way."""
-    from mlxspec.decoding.costs import WARMUP_STEPS, CostCurve, DraftLengthController
+    from mlxspec.decoding.costs import CostCurve
+    from mlxspec.decoding.draft_length import WARMUP_STEPS, DraftLengthController
 
     curve = CostCurve({n: 0.010 for n in range(1, 9)}, 0.0, 256, "test")  # flat: every length looks free
     controller = DraftLengthController(curve, 4, pause=True)
@@ -101,7 +102,8 @@ def test_a_rejected_draft_does_not_pause_drafting_that_pays():
     whose drafts are all rejected keeps one token at a drafting step's cost, which per token looks dearer than a
     plain step. Timed per token (before), such steps paused a draft model that ran 1.30-1.37x plain on the
     widened bed: 116 of 390 `-k auto` steps were plain there."""
-    from mlxspec.decoding.costs import WARMUP_STEPS, CostCurve, DraftLengthController
+    from mlxspec.decoding.costs import CostCurve
+    from mlxspec.decoding.draft_length import WARMUP_STEPS, DraftLengthController
 
     # the widened bed's measured costs: 45.5 ms a target token, a 1.4 ms warm draft forward, 1.6 ms cold excess
     curve = CostCurve({1: 0.0455, 2: 0.0566, 3: 0.0654, 4: 0.0713, 5: 0.0747}, 0.0014, 256, "test", draft_block=0.0016)
@@ -139,12 +141,13 @@ def test_a_paused_run_prefills_the_draft_model_only_when_it_first_drafts():
     """A run the controller keeps plain from its start never pays for the draft model's prompt (the embedded bed's
     paused runs took 4.5% longer than plain decoding, most of it that prefill): the draft model is fed everything
     committed so far at its first draft, and then drafts from the right state, so a draft equal to the target has
-    every draft accepted, and the output stays the target's own."""
+    every draft accepted, and the output stays the target's own. A later probe feeds the tokens the paused steps
+    committed before drafting, so the compiled chain is not traced again for each pause's length."""
     from helpers import mlx_lm_greedy
     from tiny import make_tiny
 
     from mlxspec.decoding.assembly import build_engine
-    from mlxspec.decoding.costs import DraftLengthController
+    from mlxspec.decoding.draft_length import DraftLengthController
     from mlxspec.drafting.factory import make_drafter
     from mlxspec.options import DecodeOptions
 
@@ -159,6 +162,9 @@ def test_a_paused_run_prefills_the_draft_model_only_when_it_first_drafts():
     fed: list[int] = []
     prefill = drafter.prefill
     drafter.prefill = lambda history: (fed.append(len(history)), prefill(history))
+    pending_lengths: list[int] = []  # what the compiled chain is handed: a new length traces it again
+    propose = drafter.compiled.propose
+    drafter.compiled.propose = lambda pending, *rest: (pending_lengths.append(len(pending)), propose(pending, *rest))[1]
     engine = build_engine(target, drafter, options, controller=controller)
     engine.prefill(prompt)
     assert fed == [] and engine.drafter_behind
@@ -172,3 +178,5 @@ def test_a_paused_run_prefills_the_draft_model_only_when_it_first_drafts():
     assert out[:40] == mlx_lm_greedy(target, prompt, 40)
     assert first_draft_at is not None and fed == [first_draft_at]  # once, at the first probe, over all committed
     assert drafted > 0 and accepted == drafted
+    # the later probes, after 16 plain steps, fed the tokens they missed first (catch_up): the chain sees one
+    assert len(pending_lengths) >= 2 and max(pending_lengths) == 1, pending_lengths

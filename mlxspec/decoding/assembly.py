@@ -31,7 +31,7 @@ def build_engine(
 ) -> SpeculativeEngine:
     """An engine decoding `target` with `drafter` (None: plainly) as `options` say: their sampling, draft depth,
     node budget and KV bits. `seed` overrides options.seed (a drawn random seed); `cache` continues a kept target
-    cache (prompt_cache.py); `controller` adapts each step's draft length (costs.DraftLengthController); `ranks`
+    cache (prompt_cache.py); `controller` adapts each step's draft length (draft_length.DraftLengthController); `ranks`
     share a sharded target; `settings` reach the engine as they are (max_merged_replay, prefill_chunk)."""
     if seed is None:
         seed = options.seed or 0

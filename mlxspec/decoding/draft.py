@@ -45,6 +45,10 @@ class Drafter(Protocol):
         continues from). The engine owns it and extends it after every step, before `accept`: a drafter reads it
         and never keeps a copy."""
 
+    def catch_up(self) -> None:
+        """Before a draft that follows plain steps: feed what it has not seen of the committed tokens but the last,
+        so the engine times that apart from the step (default: nothing to feed)."""
+
     def reusable(self, prompt: list[int]) -> int:
         """After a finished run: how many leading tokens of a new prompt this drafter's state already covers and can
         keep (prompt_cache.py). 0 (the default): none, so a fresh drafter is prefilled instead."""

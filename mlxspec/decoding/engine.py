@@ -65,7 +65,7 @@ class SpeculativeEngine:
         self.num_draft = num_draft if drafter is not None else 0
         self.context_length = context_length
         self.prefill_chunk = prefill_chunk
-        self.controller = controller  # costs.DraftLengthController: picks each step's draft length
+        self.controller = controller  # draft_length.DraftLengthController: picks each step's draft length
         self.profile: dict[str, float] | None = None  # set to {} to time draft/verify/accept/bookkeeping
         self.first_token_mask: mx.array | None = None  # token healing: [V] allowed first tokens, one plain step
         self._mark_time = 0.0
@@ -208,9 +208,12 @@ class SpeculativeEngine:
         assert budget == 0 or self._prefetched is None  # a forward is queued only for a plain step (_next_is_plain)
         if self.room() is not None:
             budget = min(budget, self.room())
-        if budget > 0 and self.drafter_behind:  # its deferred prefill, over everything committed so far
-            self.drafter.prefill(self.history)
-            self.drafter_behind = False
+        if budget > 0 and self.controller is not None:  # after plain steps: what the drafter has not seen yet
+            if self.drafter_behind:  # its deferred prefill, over everything committed so far
+                self.drafter.prefill(self.history)
+                self.drafter_behind = False
+            else:
+                self.drafter.catch_up()
             self._mark_time = started = time.perf_counter()  # a one-off, not what this step length costs
         draft = (yield DraftRequest(self.drafter, budget, self._draft_keys(budget, draft_key))) if budget > 0 else None
         if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():

@@ -12,11 +12,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlxspec.cache.rollback import cannot_roll_back, rollback_blocker
-from mlxspec.decoding.costs import DraftLengthController, model_curve, why_drafting_cannot_pay
+from mlxspec.decoding.costs import model_curve, why_drafting_cannot_pay
 from mlxspec.decoding.draft import Drafter
+from mlxspec.decoding.draft_length import DraftLengthController
 from mlxspec.drafting.cross_tokenizer.bridge import VocabBridge
 from mlxspec.drafting.cross_tokenizer.drafter import CrossTokenizerDrafter
 from mlxspec.drafting.dflash.drafter import DFlashDrafter, block_seconds
+from mlxspec.drafting.draft_model.compiled import chain_costs
 from mlxspec.drafting.draft_model.drafter import DraftModelDrafter
 from mlxspec.drafting.factory import make_drafter
 from mlxspec.drafting.heads.feature_drafter import FeatureDrafter
@@ -46,6 +48,10 @@ class RunDrafting:
     note: str = ""
 
 
+def is_compiled_chain(drafter: Any) -> bool:
+    return isinstance(drafter, DraftModelDrafter) and drafter.compiled is not None
+
+
 class DrafterProvider:
     """The loaded drafters (at most one of draft, medusa, feature_head, dflash) and what is measured once for them."""
 
@@ -62,7 +68,9 @@ class DrafterProvider:
         self.feature_head, self.dflash, self.vocab_bridge = feature_head, dflash, vocab_bridge
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
         self._successors = None  # prompt lookup's corpus table, loaded on first use
-        self._block_costs: dict[bool, float] = {}  # seconds of one DFlash proposal, greedy and sampled
+        self._block_costs: dict = {}  # seconds of one DFlash proposal (greedy, sampled), and of the chain's parts
+        # The latest run's controller per kind of drafting: the next run of that kind starts from what it learned
+        self._controllers: dict[tuple, DraftLengthController] = {}
 
     @property
     def has_model_drafter(self) -> bool:
@@ -110,9 +118,13 @@ class DrafterProvider:
             with_draft=isinstance(model_part, (DraftModelDrafter, CrossTokenizerDrafter)),
             kernel=options.kernel,
             block_seconds=self.block_seconds(drafter, target, options) if is_block else 0.0,
+            chain=self.chain_costs(target, options) if is_compiled_chain(model_part) else None,
         )
         if not controller.can_win:
             return RunDrafting(None, None, why_drafting_cannot_pay(controller.curve, options.depth))
+        kind = (type(drafter), options.depth, options.sampling.greedy, options.kernel)
+        controller.carry_from(self._controllers.get(kind))
+        self._controllers[kind] = controller
         if isinstance(drafter, PromptLookupDrafter):
             # Lookup drafts what matches, up to the controller's k, and pauses where its acceptance cannot pay
             # (English at T=0.7 ran at 0.75x plain without). Not by step timings: its lengths then follow the text
@@ -121,7 +133,12 @@ class DrafterProvider:
         return RunDrafting(drafter, controller)
 
     def draft_length_controller(
-        self, max_draft: int, with_draft: bool = True, kernel: str = "auto", block_seconds: float = 0.0
+        self,
+        max_draft: int,
+        with_draft: bool = True,
+        kernel: str = "auto",
+        block_seconds: float = 0.0,
+        chain: tuple[float, float] | None = None,
     ) -> DraftLengthController:
         """Adaptive draft length from this device's measured cost curve (measured once, then cached); a block
         drafter's one forward per step (block_seconds) is paid whatever the length."""
@@ -132,7 +149,10 @@ class DrafterProvider:
         # Every drafter pauses where no length pays: decoding plainly, with a one-token probe every few steps, costs
         # less than a draft token per step that is rarely accepted (the default on the embedded models ran at
         # 0.87-0.95x plain without it).
-        return DraftLengthController(replace(curve, draft_block=curve.draft_block + block_seconds), max_draft, pause=True)
+        curve = replace(curve, draft_block=curve.draft_block + block_seconds)
+        if chain is not None:  # the draft model as its compiled chain runs, in place of the curve's eager timing
+            curve = replace(curve, draft_one=chain[0], draft_block=chain[1])
+        return DraftLengthController(curve, max_draft, pause=True)
 
     def block_seconds(self, drafter: DFlashDrafter, target: Any, options: DecodeOptions) -> float:
         """One block drafter proposal at context 256, drawn as these options draw it (greedy, or sampled with the
@@ -140,6 +160,14 @@ class DrafterProvider:
         key = options.sampling.greedy
         if key not in self._block_costs:
             self._block_costs[key] = block_seconds(drafter.model, target, options.sampling)
+        return self._block_costs[key]
+
+    def chain_costs(self, target: Any, options: DecodeOptions) -> tuple[float, float]:
+        """The draft model's compiled chain timed as a step runs it (compiled.chain_costs), once per load and kind
+        (greedy or sampled): the stored curve times it eagerly, at twice its cost on the embedded bed."""
+        key = ("chain", options.sampling.greedy)
+        if key not in self._block_costs:
+            self._block_costs[key] = chain_costs(self.draft.model, target, options.sampling)
         return self._block_costs[key]
 
     def corpus_successors(self):
