@@ -180,3 +180,28 @@ def test_a_paused_run_prefills_the_draft_model_only_when_it_first_drafts():
     assert drafted > 0 and accepted == drafted
     # the later probes, after 16 plain steps, fed the tokens they missed first (catch_up): the chain sees one
     assert len(pending_lengths) >= 2 and max(pending_lengths) == 1, pending_lengths
+
+
+def test_a_run_starts_from_what_the_last_run_of_its_kind_learned():
+    """A short run no longer relearns acceptance and the steps' cost from the prior: the next run of the same kind
+    of drafting starts from the last one's acceptance, cost scales and mode, and its scales fade as its own steps
+    are timed."""
+    from mlxspec.decoding.draft_length import WARMUP_STEPS, DraftLengthController
+
+    curve = CostCurve({n: 0.010 for n in range(1, 9)}, 0.0, 256, "test")
+    first = DraftLengthController(curve, 4, pause=True)
+    for _ in range(20):
+        first.update(drafted=4, accepted=0)  # nothing accepted: alpha falls and it pauses
+    for _ in range(WARMUP_STEPS + 3):
+        first.observe(2, 0.015)
+        first.observe(0, 0.010)
+    assert first.next_length() == 0 and first.paused
+    second = DraftLengthController(curve, 4, pause=True)
+    assert second.next_length() > 0  # the prior alone drafts
+    third = DraftLengthController(curve, 4, pause=True)
+    third.carry_from(first)
+    assert third.alpha == first.alpha and third.drafting_scale == first.drafting_scale
+    assert third.next_length() == 0 and third.paused  # it starts where the last run ended
+    for _ in range(WARMUP_STEPS + 1):
+        third.observe(2, 0.010)
+    assert third.drafting_scale < first.drafting_scale  # its own timings take over

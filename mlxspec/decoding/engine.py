@@ -77,9 +77,8 @@ class SpeculativeEngine:
         self.deferred = DeferredReplay(self.cache, merged)
         self.recurrent = self.deferred.recurrent
         self.forward_widths: dict[int, int] = {}  # tokens per target forward -> how many forwards
-        # Plain steps queue their next forward before the sync; a step whose sampled token must be redrawn
-        # (a `short` top-p row, see sampling.to_probs_checked) then rolls that forward back, which a recurrent
-        # cache would need a snapshot for: there plain steps rank the whole vocabulary instead.
+        # Plain steps queue their next forward before the sync; a redrawn `short` top-p row (sampling.py) rolls it
+        # back, which a recurrent cache cannot: there plain steps rank the whole vocabulary instead.
         self.rollback_ok = not self.recurrent
         self.sorted_fallbacks = 0  # steps redone with the whole vocabulary ranked (a top-p set past the candidates)
         # Every draw of the target's tokens, and of coupled drafts, is keyed by output position (keys.py);
@@ -99,16 +98,15 @@ class SpeculativeEngine:
         self.position = 0
         self.history: list[int] = []  # every committed token: the prompt, then each step's tokens
         self.mid_step = False  # True while a step runs: an exception there leaves the caches unusable
-        # How many rows decode together now (a batch driver's count; 1 alone). Beside others a plain step queues
-        # no forward of its own ahead (it would miss the batched forward), and the draft length is chosen for the
-        # batch's total tokens.
+        # Rows decoding together now (a batch driver's count; 1 alone): beside others a plain step queues no forward
+        # ahead (it would miss the batched one), and k is chosen for the batch's total tokens.
         self.rows: Callable[[], int] = lambda: 1
         self.may_draft: Callable[[], bool] = lambda: True  # False: the batch governor has adaptive rows go plain
         self.row_steps = 0  # the sum over steps of the rows that decoded together (its mean goes to usage)
         self.prompt_snapshot: tuple[int, Snapshot] | None = None  # recurrent targets: the state after prefill
         self.target_calls = 0
-        # Medusa, feature heads and block drafters draft from the target's own features (its final hidden states,
-        # or the outputs of the layers the drafter taps), so the target forward must return them.
+        # Medusa, feature heads and block drafters draft from the target's features (final hidden states or tapped
+        # layers' outputs), so the target forward returns them.
         self.wants_hidden = drafter is not None and drafter.uses_target_hidden
         self.taps: tuple[int, ...] = tuple(drafter.target_taps) if self.wants_hidden else ()
         self._hidden: mx.array | None = None
@@ -211,9 +209,8 @@ class SpeculativeEngine:
         if budget > 0 and self.controller is not None:  # after plain steps: what the drafter has not seen yet
             if self.drafter_behind:  # its deferred prefill, over everything committed so far
                 self.drafter.prefill(self.history)
-                self.drafter_behind = False
-            else:
-                self.drafter.catch_up()
+            self.drafter_behind = False
+            self.drafter.catch_up()
             self._mark_time = started = time.perf_counter()  # a one-off, not what this step length costs
         draft = (yield DraftRequest(self.drafter, budget, self._draft_keys(budget, draft_key))) if budget > 0 else None
         if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():

@@ -119,12 +119,10 @@ class DrafterProvider:
             kernel=options.kernel,
             block_seconds=self.block_seconds(drafter, target, options) if is_block else 0.0,
             chain=self.chain_costs(target, options) if is_compiled_chain(model_part) else None,
+            kind=(type(drafter), options.depth, options.sampling.greedy, options.kernel),
         )
         if not controller.can_win:
             return RunDrafting(None, None, why_drafting_cannot_pay(controller.curve, options.depth))
-        kind = (type(drafter), options.depth, options.sampling.greedy, options.kernel)
-        controller.carry_from(self._controllers.get(kind))
-        self._controllers[kind] = controller
         if isinstance(drafter, PromptLookupDrafter):
             # Lookup drafts what matches, up to the controller's k, and pauses where its acceptance cannot pay
             # (English at T=0.7 ran at 0.75x plain without). Not by step timings: its lengths then follow the text
@@ -139,6 +137,7 @@ class DrafterProvider:
         kernel: str = "auto",
         block_seconds: float = 0.0,
         chain: tuple[float, float] | None = None,
+        kind: tuple | None = None,
     ) -> DraftLengthController:
         """Adaptive draft length from this device's measured cost curve (measured once, then cached); a block
         drafter's one forward per step (block_seconds) is paid whatever the length."""
@@ -152,7 +151,11 @@ class DrafterProvider:
         curve = replace(curve, draft_block=curve.draft_block + block_seconds)
         if chain is not None:  # the draft model as its compiled chain runs, in place of the curve's eager timing
             curve = replace(curve, draft_one=chain[0], draft_block=chain[1])
-        return DraftLengthController(curve, max_draft, pause=True)
+        controller = DraftLengthController(curve, max_draft, pause=True)
+        if kind is not None:  # it starts from what the last run of this kind learned
+            controller.carry_from(self._controllers.get(kind))
+            self._controllers[kind] = controller
+        return controller
 
     def block_seconds(self, drafter: DFlashDrafter, target: Any, options: DecodeOptions) -> float:
         """One block drafter proposal at context 256, drawn as these options draw it (greedy, or sampled with the
