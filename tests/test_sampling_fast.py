@@ -182,3 +182,40 @@ def test_the_targets_draw_over_its_candidates_is_mlxs_draw_bit_for_bit(vocab):
             continue
         assert not short.any().item()  # no row reaches past its candidates (those are redrawn over the whole row)
         assert draw_kept(scaled, candidates, keys).tolist() == draw(scaled, keys).tolist(), name
+
+
+@pytest.mark.parametrize("vocab", [5000, 151936])
+def test_the_draw_over_candidates_alone_sums_as_the_whole_row_bit_for_bit(vocab):
+    """Where MLX sums in index order (its CPU backend on x86), draw_kept's sum and cumulative sum run over the
+    candidates alone, in id order. Checked at the bits, not by the tokens (a differing last bit moves a draw only
+    when the uniform lands within it of an interval's edge): the total and the cumulative weights at the candidates
+    equal MLX's over the zero-filled row, and so does the drawn index, for every key, and where the threshold
+    reaches the total, the row's last index, as MLX's own inverse CDF gives."""
+    from mlxspec.decoding import keys as keys_module
+
+    if not keys_module.sums_in_index_order():
+        pytest.skip("MLX does not sum in index order here (arm CPU or a GPU): draw_kept keeps the zero-filled row")
+    logits = peaked_logits(12, vocab, seed=11) * 0.18
+    keys = mx.random.split(mx.random.key(3), logits.shape[0])
+    scaled, _, candidates = sampling.scaled_logprobs_kept(logits, CONFIGS["top-p"])
+    for i in range(logits.shape[0]):
+        values = scaled[i][candidates[i]]
+        weights = mx.exp(values - values.max())
+        order = mx.argsort(candidates[i])
+        ids, sorted_weights = candidates[i][order], weights[order]
+        row = mx.put_along_axis(mx.zeros((vocab,), dtype=mx.float32), ids, sorted_weights, axis=0)
+        assert mx.array_equal(sorted_weights.sum(), row.sum()).item()
+        compact_cdf = mx.cumsum(sorted_weights, inclusive=False)
+        assert mx.array_equal(compact_cdf, mx.cumsum(row, inclusive=False)[ids]).item()
+        for key in mx.random.split(keys[i], 20):
+            assert keys_module.inverse_cdf_at(sorted_weights, ids, vocab, key).item() == (
+                keys_module.inverse_cdf(row, key).item()
+            )
+    # a threshold at the total (a uniform that rounds up to 1) lands past the last candidate, on the row's last id
+    weights, ids = mx.array([0.5, 0.25, 0.25]), mx.array([2, 7, 9])
+    row = mx.zeros((vocab,)).at[ids].add(weights)
+    total_key = mx.random.key(0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mx.random, "uniform", lambda shape, key: mx.ones(shape))
+        assert keys_module.inverse_cdf_at(weights, ids, vocab, total_key).item() == vocab - 1
+        assert keys_module.inverse_cdf(row, total_key).item() == vocab - 1

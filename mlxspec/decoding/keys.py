@@ -12,6 +12,8 @@ draft exactly when it equals the target's own draw, and the text is a function o
 
 from __future__ import annotations
 
+import platform
+
 import mlx.core as mx
 
 KEYS_PER_BATCH = 32  # derived ahead in batches of this many positions
@@ -59,17 +61,42 @@ def draw(scaled_logits: mx.array, keys: mx.array) -> mx.array:
 def draw_kept(scaled_logits: mx.array, candidates: mx.array, keys: mx.array) -> mx.array:
     """draw()'s tokens, bit for bit, for rows [N, V] that are -inf outside their candidates [N, C], with the exp of
     MLX's inverse CDF (mlx/random.cpp, categorical_inverse_cdf) taken at the candidates alone. A token at -inf
-    weighs exactly 0 there (MLX's exp returns 0 below -88), and the weights are put into a zero row before MLX's
-    own sum and cumsum, so each sum adds the same values in the same order. -> [N] int32."""
+    weighs exactly 0 there (MLX's exp returns 0 below -88). Where MLX sums in index order (sums_in_index_order),
+    the sum and cumulative sum run over the candidates alone, in id order: adding a 0 changes no bits. Elsewhere
+    the weights go into a zero row before MLX's own sum and cumsum, so each adds the same values in the same
+    order. -> [N] int32."""
     vocab, rows = scaled_logits.shape[-1], []
+    compact = sums_in_index_order()
     for i in range(scaled_logits.shape[0]):
         ids = candidates[i]
         values = scaled_logits[i][ids].astype(mx.float32)  # categorical promotes to float32 first
         top = values.max()  # the row's max: every other token is -inf
         weights = mx.where(mx.isinf(top), (values == top).astype(mx.float32), mx.exp(values - top))
-        row = mx.put_along_axis(mx.zeros((vocab,), dtype=mx.float32), ids, weights, axis=0)
-        rows.append(inverse_cdf(row, keys[i]))
+        if compact:
+            order = mx.argsort(ids)
+            rows.append(inverse_cdf_at(weights[order], ids[order], vocab, keys[i]))
+        else:
+            row = mx.put_along_axis(mx.zeros((vocab,), dtype=mx.float32), ids, weights, axis=0)
+            rows.append(inverse_cdf(row, keys[i]))
     return mx.concatenate(rows).astype(mx.int32)
+
+
+def sums_in_index_order() -> bool:
+    """Whether MLX adds a reduction's elements one at a time in index order, as its scans do everywhere: its CPU
+    backend on x86 (mlx/backend/cpu/simd/base_simd.h: max_size 1). Arm CPUs add NEON lanes apart, GPUs in trees."""
+    return mx.default_device() == mx.cpu and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def inverse_cdf_at(weights: mx.array, ids: mx.array, vocab: int, key: mx.array) -> mx.array:
+    """inverse_cdf over a [vocab] row that is 0 except `weights` [C] at `ids` (ascending), from those alone, for
+    sums in index order. Past a candidate the row's cumulative weight holds until the next one, so the last index
+    at or under the threshold is the last candidate whose cumulative weight is, or the row's last index where the
+    threshold reaches the total (a uniform within a rounding of 1). -> [1]"""
+    cdf = mx.cumsum(weights, axis=0, inclusive=False)
+    total = weights.sum()
+    threshold = mx.random.uniform(shape=(1,), key=key) * total
+    last = ids[(cdf <= threshold).sum(keepdims=True) - 1]
+    return mx.where(total <= threshold, vocab - 1, last)
 
 
 def inverse_cdf(weights: mx.array, key: mx.array) -> mx.array:
