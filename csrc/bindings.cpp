@@ -30,6 +30,8 @@ NB_MODULE(_verify_kernel, m) {
         "Attention for a step's few query rows, each row's output independent of the row count and masked keys.");
   m.def("row_logsumexp", &mlxspec::row_logsumexp, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "log(sum(exp(x))) of each float32 row [N, V] -> [N].");
+  m.def("mlx_logsumexp", &mlxspec::mlx_logsumexp, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mx.logsumexp of each float32 row [N, V] -> [N], bit for bit as MLX's x86 CPU build computes it.");
   m.def("top_candidates", &mlxspec::top_candidates, "x"_a, "count"_a, nb::kw_only(), "stream"_a = nb::none(),
         "(values [N, C], indices [N, C] uint32): each row's C largest, best first, ties by lower index.");
   m.def("threads", &mlxspec::kernel_threads, "Threads the kernel splits its columns over.");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -45,6 +46,57 @@ float logsumexp(const float* x, int64_t v) {
   for (float lane : lanes) total += lane;
   for (; i < v; ++i) total += std::exp(double(x[i]) - m);
   return m + float(std::log(total));
+}
+
+// No contraction in MLX's exp and sum: a product fused into the next add rounds once where MLX rounds twice (GCC:
+// this attribute; clang: the pragma in each body).
+#if defined(__clang__)
+#define MLXSPEC_NO_CONTRACT
+#else
+#define MLXSPEC_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+// MLX's Cephes exp (mlx/backend/cpu/simd/math.h) as its x86 build runs it, one lane: x * log2(e) in float, the
+// integer part by a floor in double, the fraction's polynomial by correctly rounded fmas, and the power of two by
+// bits. ipart is clamped before the int conversion only where the result is overridden anyway.
+MLXSPEC_NO_CONTRACT inline float mlx_exp(float x_init) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  const float x = x_init * 1.442695f;
+  const float ipart = float(std::floor(double(x) + 0.5));
+  const float fpart = x - ipart;
+  float p = 1.535336188319500e-4f;
+  p = std::fma(p, fpart, 1.339887440266574e-3f);
+  p = std::fma(p, fpart, 9.618437357674640e-3f);
+  p = std::fma(p, fpart, 5.550332471162809e-2f);
+  p = std::fma(p, fpart, 2.402264791363012e-1f);
+  p = std::fma(p, fpart, 6.931472028550421e-1f);
+  p = std::fma(p, fpart, 1.000000000000000f);
+  const int32_t bits = (int32_t(std::clamp(ipart, -200.0f, 200.0f)) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  float result = std::isnan(x_init) ? x_init : scale * p;
+  result = x_init > 88.0f ? std::numeric_limits<float>::infinity() : result;
+  return x_init < -88.0f ? 0.0f : result;
+}
+
+// mx.logsumexp of one row as MLX's x86 CPU build computes it (mlx/backend/cpu/logsumexp.cpp, one SIMD lane), bit
+// for bit: the max, then the sum of exp(x - max) one term at a time in index order, then log(sum) + max. Only the
+// exps run vectorized, a block at a time into `scratch`; the sum keeps MLX's order.
+MLXSPEC_NO_CONTRACT float mlx_row_logsumexp(const float* x, int64_t v) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  constexpr int64_t kBlock = 512;
+  alignas(64) float scratch[kBlock];
+  const float m = row_max(x, v);
+  float normalizer = 0.0f;
+  for (int64_t start = 0; start < v; start += kBlock) {
+    const int64_t len = std::min(kBlock, v - start);
+    for (int64_t i = 0; i < len; ++i) scratch[i] = mlx_exp(x[start + i] - m);
+    for (int64_t i = 0; i < len; ++i) normalizer = normalizer + scratch[i];
+  }
+  return std::isinf(m) ? m : std::log(normalizer) + m;
 }
 
 // The row's `count` largest entries, best first (ties: lower index first). Two passes instead of a heap or a
@@ -109,6 +161,12 @@ array row_logsumexp(const array& x, StreamOrDevice s) {
   return array({x.shape(0)}, float32, std::make_shared<RowLogSumExp>(stream), {contiguous(x, false, stream)});
 }
 
+array mlx_logsumexp(const array& x, StreamOrDevice s) {
+  check_rows(x, "mlx_logsumexp");
+  auto stream = cpu_stream(s, "mlx_logsumexp");
+  return array({x.shape(0)}, float32, std::make_shared<MlxLogSumExp>(stream), {contiguous(x, false, stream)});
+}
+
 std::vector<array> top_candidates(const array& x, int count, StreamOrDevice s) {
   check_rows(x, "top_candidates");
   if (count < 1 || count > x.shape(1)) {
@@ -130,6 +188,22 @@ void RowLogSumExp::eval_cpu(const std::vector<array>& inputs, array& out) {
   float* dst = out.data<float>();
   const int64_t rows = x.shape(0), v = x.shape(1);
   encoder.dispatch([=]() { for_each_row(rows, [&](int64_t r) { dst[r] = logsumexp(src + r * v, v); }); });
+}
+
+void MlxLogSumExp::eval_cpu(const std::vector<array>& inputs, array& out) {
+  const array& x = inputs[0];
+  out.set_data(allocator::malloc(out.nbytes()));
+  auto& encoder = cpu::get_command_encoder(stream());
+  encoder.set_input_array(x);
+  encoder.set_output_array(out);
+  const float* src = x.data<float>();
+  float* dst = out.data<float>();
+  const int64_t rows = x.shape(0), v = x.shape(1);
+  encoder.dispatch([=]() { for_each_row(rows, [&](int64_t r) { dst[r] = mlx_row_logsumexp(src + r * v, v); }); });
+}
+
+void MlxLogSumExp::eval_gpu(const std::vector<array>&, array&) {
+  throw std::runtime_error("[mlx_logsumexp] runs on mx.cpu only.");
 }
 
 void TopCandidates::eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) {

@@ -13,6 +13,10 @@ using mlx::core::StreamOrDevice;
 // x: [N, V] float32. Returns [N] float32: log(sum(exp(x))) per row (max-shifted, vectorized exp).
 array row_logsumexp(const array& x, StreamOrDevice s = {});
 
+// x: [N, V] float32. Returns [N] float32: mx.logsumexp(x, axis=-1) bit for bit as MLX's x86 CPU build computes it
+// (its exps vectorized, its sum still one term at a time in index order).
+array mlx_logsumexp(const array& x, StreamOrDevice s = {});
+
 // x: [N, V] float32. Returns (values [N, C] float32, indices [N, C] uint32): each row's C largest entries,
 // sorted by value (descending), ties by index (ascending).
 std::vector<array> top_candidates(const array& x, int count, StreamOrDevice s = {});
@@ -24,6 +28,19 @@ class RowLogSumExp : public mlx::core::UnaryPrimitive {
   void eval_gpu(const std::vector<array>& inputs, array& out) override;
   const char* name() const override {
     return "RowLogSumExp";
+  }
+  bool is_equivalent(const mlx::core::Primitive&) const override {
+    return true;
+  }
+};
+
+class MlxLogSumExp : public mlx::core::UnaryPrimitive {
+ public:
+  explicit MlxLogSumExp(mlx::core::Stream stream) : UnaryPrimitive(stream) {}
+  void eval_cpu(const std::vector<array>& inputs, array& out) override;
+  void eval_gpu(const std::vector<array>& inputs, array& out) override;
+  const char* name() const override {
+    return "MlxLogSumExp";
   }
   bool is_equivalent(const mlx::core::Primitive&) const override {
     return true;

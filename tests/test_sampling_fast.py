@@ -219,3 +219,24 @@ def test_the_draw_over_candidates_alone_sums_as_the_whole_row_bit_for_bit(vocab)
         patch.setattr(mx.random, "uniform", lambda shape, key: mx.ones(shape))
         assert keys_module.inverse_cdf_at(weights, ids, vocab, total_key).item() == vocab - 1
         assert keys_module.inverse_cdf(row, total_key).item() == vocab - 1
+
+
+@pytest.mark.parametrize("vocab", [7, 32000, 151936, 262144])
+def test_the_kernels_logsumexp_is_mlxs_bit_for_bit(vocab):
+    """sampling.mlx_logsumexp (every sampled row's normalizer: its bits decide each draw) equals mx.logsumexp bit
+    for bit: on x86 CPUs through the kernel's copy of MLX's loop, on rows narrow and wide, peaked and flat, with
+    -inf entries (a bias, a mask) and a row that is all -inf."""
+    from mlxspec.decoding.keys import sums_in_index_order
+    from mlxspec.kernels import verify as verify_kernel
+
+    ops = verify_kernel.row_ops()
+    if ops is None or not sums_in_index_order():
+        pytest.skip("no kernel here, or MLX does not sum in index order: mx.logsumexp itself runs")
+    for seed, scale in enumerate([0.05, 1.0, 6.0, 40.0]):
+        mx.random.seed(seed)
+        rows = mx.random.normal((6, vocab)) * scale
+        rows = mx.where(mx.random.uniform(shape=rows.shape) < 0.2 * (seed % 2), -mx.inf, rows)
+        rows = mx.concatenate([rows[:5], mx.full((1, vocab), -mx.inf)])
+        exact = ops.exact_logsumexp(rows)
+        assert exact is not None and exact.shape == (6, 1)
+        assert mx.array_equal(sampling.mlx_logsumexp(rows), mx.logsumexp(rows, axis=-1, keepdims=True)).item(), seed

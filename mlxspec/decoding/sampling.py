@@ -12,7 +12,7 @@ import math
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from mlxspec.decoding.keys import draw, inverse_cdf
+from mlxspec.decoding.keys import draw, inverse_cdf, sums_in_index_order
 from mlxspec.kernels import verify as verify_kernel
 from mlxspec.options import SamplingConfig
 
@@ -92,7 +92,7 @@ def scaled_logprobs_kept(
     mlx-lm's sampler; without them (a drafter's rows) it is left out. Not for greedy configs. Third: [N, C] the
     ranked candidates outside which every token is -inf (None when the filters ran over the whole row), for
     keys.draw_kept."""
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    logprobs = logits - mlx_logsumexp(logits)
     vocab = logits.shape[-1]
     short = mx.zeros(logits.shape[:-1], dtype=mx.bool_)
     candidates = None
@@ -168,7 +168,7 @@ def to_probs_sorted(logits: mx.array, config: SamplingConfig) -> mx.array:
     logits = logits.astype(mx.float32)
     if config.greedy:
         return (mx.arange(logits.shape[-1]) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
-    logprobs = _sorted_filters(logits - mx.logsumexp(logits, axis=-1, keepdims=True), config)
+    logprobs = _sorted_filters(logits - mlx_logsumexp(logits), config)
     return mx.softmax(logprobs * (1.0 / config.temperature), axis=-1)
 
 
@@ -181,6 +181,18 @@ def top_candidates(rows: mx.array, count: int) -> tuple[mx.array, mx.array]:
     values = mx.take_along_axis(rows, indices, axis=-1)
     order = mx.argsort(-values, axis=-1)
     return mx.take_along_axis(values, order, axis=-1), mx.take_along_axis(indices, order, axis=-1)
+
+
+def mlx_logsumexp(logits: mx.array) -> mx.array:
+    """mx.logsumexp(logits, axis=-1, keepdims=True), bit for bit (its bits decide every draw). On x86 CPUs through
+    the kernel's copy of MLX's loop: the exps vectorized, the sum still one term at a time in index order (0.4 ms a
+    152k row against MLX's 1.8-2.6)."""
+    ops = verify_kernel.row_ops()
+    if ops is not None and logits.ndim == 2 and logits.dtype == mx.float32 and sums_in_index_order():
+        exact = ops.exact_logsumexp(logits)
+        if exact is not None:
+            return exact
+    return mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
 def row_logsumexp(rows: mx.array) -> mx.array:

@@ -66,6 +66,12 @@ class CPUExtension:
         """[N, V] float32 -> [N, 1]."""
         return self.module.row_logsumexp(x, stream=mx.cpu)[:, None]
 
+    def exact_logsumexp(self, x: mx.array) -> mx.array | None:
+        """mx.logsumexp(x, axis=-1, keepdims=True) bit for bit, as MLX's x86 CPU build computes it: [N, V] float32
+        -> [N, 1]; None from a kernel built before it had the op."""
+        op = getattr(self.module, "mlx_logsumexp", None)
+        return None if op is None else op(x, stream=mx.cpu)[:, None]
+
     def top_candidates(self, x: mx.array, count: int) -> tuple[mx.array, mx.array]:
         """[N, V] float32 -> (values [N, C] best first, indices [N, C] int32), ties by lower index."""
         values, indices = self.module.top_candidates(x, count, stream=mx.cpu)
