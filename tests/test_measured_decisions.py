@@ -157,7 +157,7 @@ def test_a_paused_run_prefills_the_draft_model_only_when_it_first_drafts():
     options = DecodeOptions(num_draft="auto").validate()
     curve = CostCurve({n: 0.010 + 0.002 * (n - 1) for n in range(1, 9)}, 0.001, 256, "test")
     controller = DraftLengthController(curve, 4, pause=True)
-    controller.successes, controller.failures = 0.2, 1.8  # alpha 0.1: no length pays, so it starts paused
+    controller.timed = False  # lengths from the curve and alpha alone, whatever the machine's load
     drafter = make_drafter(options, draft_model=draft)
     fed: list[int] = []
     prefill = drafter.prefill
@@ -170,6 +170,7 @@ def test_a_paused_run_prefills_the_draft_model_only_when_it_first_drafts():
     assert fed == [] and engine.drafter_behind
     out, drafted, accepted, first_draft_at = [], 0, 0, None
     while len(out) < 40:
+        controller.successes, controller.failures = 0.2, 1.8  # alpha 0.1: no length pays, it stays paused
         step = engine.step(40 - len(out))
         if step.drafted and first_draft_at is None:
             first_draft_at = len(prompt) + len(out)
