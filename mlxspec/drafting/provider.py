@@ -68,7 +68,8 @@ class DrafterProvider:
         self.feature_head, self.dflash, self.vocab_bridge = feature_head, dflash, vocab_bridge
         self._blocker: str | None = None  # the cache type that cannot be rolled back ("" for none), once known
         self._successors = None  # prompt lookup's corpus table, loaded on first use
-        self._block_costs: dict = {}  # seconds of one DFlash proposal (greedy, sampled), and of the chain's parts
+        # Drafter costs timed once per load: a DFlash proposal (by greedy), a draft chain's parts ("chain", greedy)
+        self._timings: dict = {}
         # The latest run's controller per kind of drafting: the next run of that kind starts from what it learned
         self._controllers: dict[tuple, DraftLengthController] = {}
 
@@ -161,17 +162,17 @@ class DrafterProvider:
         """One block drafter proposal at context 256, drawn as these options draw it (greedy, or sampled with the
         filters), timed once per load and kind."""
         key = options.sampling.greedy
-        if key not in self._block_costs:
-            self._block_costs[key] = block_seconds(drafter.model, target, options.sampling)
-        return self._block_costs[key]
+        if key not in self._timings:
+            self._timings[key] = block_seconds(drafter.model, target, options.sampling)
+        return self._timings[key]
 
     def chain_costs(self, target: Any, options: DecodeOptions) -> tuple[float, float]:
         """The draft model's compiled chain timed as a step runs it (compiled.chain_costs), once per load and kind
         (greedy or sampled): the stored curve times it eagerly, at twice its cost on the embedded bed."""
         key = ("chain", options.sampling.greedy)
-        if key not in self._block_costs:
-            self._block_costs[key] = chain_costs(self.draft.model, target, options.sampling)
-        return self._block_costs[key]
+        if key not in self._timings:
+            self._timings[key] = chain_costs(self.draft.model, target, options.sampling)
+        return self._timings[key]
 
     def corpus_successors(self):
         """Prompt lookup's fallback table for this tokenizer (built once per machine, then read once per load)."""
