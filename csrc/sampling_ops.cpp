@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "mlx/allocator.h"
@@ -155,16 +156,19 @@ void check_rows(const array& x, const char* op) {
 
 }  // namespace
 
+static array logsumexp_rows(const array& x, bool as_mlx, const char* op, StreamOrDevice s) {
+  check_rows(x, op);
+  auto stream = cpu_stream(s, op);
+  return array(
+      {x.shape(0)}, float32, std::make_shared<RowLogSumExp>(stream, as_mlx), {contiguous(x, false, stream)});
+}
+
 array row_logsumexp(const array& x, StreamOrDevice s) {
-  check_rows(x, "row_logsumexp");
-  auto stream = cpu_stream(s, "row_logsumexp");
-  return array({x.shape(0)}, float32, std::make_shared<RowLogSumExp>(stream), {contiguous(x, false, stream)});
+  return logsumexp_rows(x, false, "row_logsumexp", s);
 }
 
 array mlx_logsumexp(const array& x, StreamOrDevice s) {
-  check_rows(x, "mlx_logsumexp");
-  auto stream = cpu_stream(s, "mlx_logsumexp");
-  return array({x.shape(0)}, float32, std::make_shared<MlxLogSumExp>(stream), {contiguous(x, false, stream)});
+  return logsumexp_rows(x, true, "mlx_logsumexp", s);
 }
 
 std::vector<array> top_candidates(const array& x, int count, StreamOrDevice s) {
@@ -187,23 +191,8 @@ void RowLogSumExp::eval_cpu(const std::vector<array>& inputs, array& out) {
   const float* src = x.data<float>();
   float* dst = out.data<float>();
   const int64_t rows = x.shape(0), v = x.shape(1);
-  encoder.dispatch([=]() { for_each_row(rows, [&](int64_t r) { dst[r] = logsumexp(src + r * v, v); }); });
-}
-
-void MlxLogSumExp::eval_cpu(const std::vector<array>& inputs, array& out) {
-  const array& x = inputs[0];
-  out.set_data(allocator::malloc(out.nbytes()));
-  auto& encoder = cpu::get_command_encoder(stream());
-  encoder.set_input_array(x);
-  encoder.set_output_array(out);
-  const float* src = x.data<float>();
-  float* dst = out.data<float>();
-  const int64_t rows = x.shape(0), v = x.shape(1);
-  encoder.dispatch([=]() { for_each_row(rows, [&](int64_t r) { dst[r] = mlx_row_logsumexp(src + r * v, v); }); });
-}
-
-void MlxLogSumExp::eval_gpu(const std::vector<array>&, array&) {
-  throw std::runtime_error("[mlx_logsumexp] runs on mx.cpu only.");
+  const auto row = as_mlx_ ? &mlx_row_logsumexp : &logsumexp;
+  encoder.dispatch([=]() { for_each_row(rows, [&](int64_t r) { dst[r] = row(src + r * v, v); }); });
 }
 
 void TopCandidates::eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) {
@@ -223,7 +212,7 @@ void TopCandidates::eval_cpu(const std::vector<array>& inputs, std::vector<array
 }
 
 void RowLogSumExp::eval_gpu(const std::vector<array>&, array&) {
-  throw std::runtime_error("[row_logsumexp] runs on mx.cpu only.");
+  throw std::runtime_error(std::string("[") + name() + "] runs on mx.cpu only.");
 }
 
 void TopCandidates::eval_gpu(const std::vector<array>&, std::vector<array>&) {

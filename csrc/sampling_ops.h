@@ -21,30 +21,21 @@ array mlx_logsumexp(const array& x, StreamOrDevice s = {});
 // sorted by value (descending), ties by index (ascending).
 std::vector<array> top_candidates(const array& x, int count, StreamOrDevice s = {});
 
+// as_mlx: MLX's own loop (mlx_logsumexp), else the faster lane-summed one (row_logsumexp).
 class RowLogSumExp : public mlx::core::UnaryPrimitive {
  public:
-  explicit RowLogSumExp(mlx::core::Stream stream) : UnaryPrimitive(stream) {}
+  RowLogSumExp(mlx::core::Stream stream, bool as_mlx) : UnaryPrimitive(stream), as_mlx_(as_mlx) {}
   void eval_cpu(const std::vector<array>& inputs, array& out) override;
   void eval_gpu(const std::vector<array>& inputs, array& out) override;
   const char* name() const override {
-    return "RowLogSumExp";
+    return as_mlx_ ? "MlxLogSumExp" : "RowLogSumExp";
   }
-  bool is_equivalent(const mlx::core::Primitive&) const override {
-    return true;
+  bool is_equivalent(const mlx::core::Primitive& other) const override {
+    return as_mlx_ == static_cast<const RowLogSumExp&>(other).as_mlx_;
   }
-};
 
-class MlxLogSumExp : public mlx::core::UnaryPrimitive {
- public:
-  explicit MlxLogSumExp(mlx::core::Stream stream) : UnaryPrimitive(stream) {}
-  void eval_cpu(const std::vector<array>& inputs, array& out) override;
-  void eval_gpu(const std::vector<array>& inputs, array& out) override;
-  const char* name() const override {
-    return "MlxLogSumExp";
-  }
-  bool is_equivalent(const mlx::core::Primitive&) const override {
-    return true;
-  }
+ private:
+  bool as_mlx_;
 };
 
 class TopCandidates : public mlx::core::Primitive {

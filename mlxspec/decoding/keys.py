@@ -88,10 +88,11 @@ def sums_in_index_order() -> bool:
 
 
 def inverse_cdf_at(weights: mx.array, ids: mx.array, vocab: int, key: mx.array) -> mx.array:
-    """inverse_cdf over a [vocab] row that is 0 except `weights` [C] at `ids` (ascending), from those alone, for
-    sums in index order. Past a candidate the row's cumulative weight holds until the next one, so the last index
-    at or under the threshold is the last candidate whose cumulative weight is, or the row's last index where the
-    threshold reaches the total (a uniform within a rounding of 1). -> [1]"""
+    """inverse_cdf over a [vocab] row that is 0 except `weights` [C] at `ids` (ascending), from those alone: equal
+    bits where sums run in index order (inverse_cdf itself is this with every id). Past a candidate the row's
+    cumulative weight holds until the next one, so the last index at or under the threshold is the last candidate
+    whose cumulative weight is, or the row's last index where the threshold reaches the total (a uniform within a
+    rounding of 1). -> [1]"""
     cdf = mx.cumsum(weights, axis=0, inclusive=False)
     total = weights.sum()
     threshold = mx.random.uniform(shape=(1,), key=key) * total
@@ -102,6 +103,4 @@ def inverse_cdf_at(weights: mx.array, ids: mx.array, vocab: int, key: mx.array) 
 def inverse_cdf(weights: mx.array, key: mx.array) -> mx.array:
     """MLX's categorical_inverse_cdf on unnormalized weights [n]: the first index whose cumulative weight passes
     uniform(key) times their sum (searchsorted(cdf, u, "right") - 1). -> [1]"""
-    cdf = mx.cumsum(weights, axis=0, inclusive=False)
-    threshold = mx.random.uniform(shape=(1,), key=key) * weights.sum()
-    return (cdf <= threshold).sum(keepdims=True) - 1
+    return inverse_cdf_at(weights, mx.arange(weights.shape[0]), weights.shape[0], key)

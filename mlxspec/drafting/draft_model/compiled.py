@@ -19,6 +19,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
+from mlxspec.decoding.costs import DRAFT_CHAIN
 from mlxspec.decoding.sampling import SamplingConfig, pick_draft_token
 
 # What tracing the compiled draft chain raises on a family it cannot cover (an attention that reads a cache
@@ -176,7 +177,12 @@ class CompiledDraftChain:
 
 
 def chain_costs(
-    model: nn.Module, target: nn.Module, sampling: SamplingConfig, context: int = 256, repeats: int = 7, chain: int = 4
+    model: nn.Module,
+    target: nn.Module,
+    sampling: SamplingConfig,
+    context: int = 256,
+    repeats: int = 7,
+    chain: int = DRAFT_CHAIN,
 ) -> tuple[float, float]:
     """(seconds a draft token, seconds once per step): the compiled chain timed as a step runs it, right after a
     target forward (which evicts the draft's weights from the caches, so its first forward runs cold), drafting 1
