@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxspec.errors import UserError
+from mlxspec.template_limits import check_template_limits
 from mlxspec.text import encodable
 
 
@@ -28,6 +29,11 @@ def apply_template(tokenizer: Any, messages: list[dict], model_path: Path | str,
             f"'{model_path}' has no chat template; continue plain text instead (drop --chat, or use /v1/completions)"
         )
     messages = [{**m, "content": encodable(m["content"])} if isinstance(m.get("content"), str) else m for m in messages]
+    template = tokenizer.chat_template
+    if isinstance(template, str):  # bounded in time and size first: the template is the model files' code
+        special = getattr(tokenizer, "special_tokens_map", None)
+        variables = {**(special if isinstance(special, dict) else {}), "add_generation_prompt": True}
+        check_template_limits(template, messages, {**variables, "tools": None, "documents": None})
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize)
     except Exception as error:  # a template that raises (e.g. on roles it does not know) is the caller's input

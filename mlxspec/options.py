@@ -15,6 +15,8 @@ from mlxspec.errors import UserError
 
 # Logits are divided by the temperature in float32: far below this they overflow to inf and the law becomes NaN.
 MIN_TEMPERATURE = 1e-6
+# Far above this, 1/T underflows float32 to 0, and a filtered -inf logit times 0 is NaN (every token the last id).
+MAX_TEMPERATURE = 1e30
 KERNEL_CHOICES = ("auto", "on", "off")  # the verify kernel (kernels/verify.py): on where built, always, never
 ACCEPTANCE_CHOICES = ("coupled", "residual")  # how sampled drafts are verified (DecodeOptions.acceptance)
 MAX_TOP_LOGPROBS = 20  # alternatives reported per token, as OpenAI's top_logprobs allows
@@ -22,6 +24,13 @@ MAX_CONTEXT_SIZE = 1 << 20  # a penalty's context: more tokens than any context 
 MAX_NUM_DRAFT = 64  # the longest chain, or the deepest tree, one step may draft
 ADAPTIVE_MAX_DRAFT = 8  # the longest chain the adaptive controller may choose
 MAX_SEED = 2**64 - 1
+MAX_TOKEN_ID = 2**31 - 1  # no vocabulary is larger; an id past it is refused even before the model is known
+# Logits are processed in float32 (largest finite 3.4e38). Within these bounds no processor can overflow a logit to
+# inf, whose log-softmax is NaN (bias 1e30, divided by a repetition penalty of 1e-6, less a frequency penalty of 1e30
+# times a 2^20-token count: at most 2e36); each bound already forces or bans a token outright.
+MAX_LOGIT_BIAS = 1e30
+MAX_PENALTY = 1e30  # presence and frequency penalties, either sign
+REPETITION_PENALTY_RANGE = (1e-6, 1e6)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,11 @@ class SamplingConfig:
             raise UserError(
                 f"temperature {self.temperature} is too small to divide logits by (the smallest is {MIN_TEMPERATURE}); "
                 "use 0 for greedy decoding, the law it approaches"
+            )
+        if self.temperature > MAX_TEMPERATURE:
+            raise UserError(
+                f"temperature {self.temperature:g} is above {MAX_TEMPERATURE:g}, where 1/T underflows float32; "
+                "any temperature above about 100 already samples nearly uniformly"
             )
         if not 0 < self.top_p <= 1:
             raise UserError(f"top_p {self.top_p} is outside (0, 1]; use 1.0 to disable it")
@@ -213,9 +227,7 @@ class DecodeOptions:
                 raise UserError(f"{name} {value!r} is not a finite number")
         if not _is_int(self.top_k):
             raise UserError(f"top_k {self.top_k!r} is not a whole number; use 0 to disable it")
-        special = self.xtc_special_tokens
-        if special is not None and (not isinstance(special, (list, tuple)) or not all(_is_int(t) for t in special)):
-            raise UserError(f"xtc_special_tokens {special!r} must be a list of token ids")
+        self._check_xtc_special_tokens(vocab_size)
         self.sampling.validate()
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise UserError(f"seed {self.seed!r} must be a whole number in 0..2**64-1, or None for a random one")
@@ -259,14 +271,42 @@ class DecodeOptions:
             raise UserError(f"kernel {self.kernel!r} is not one of {', '.join(KERNEL_CHOICES)}")
         return replace(self, stop=list(stop), num_draft=num_draft, logit_bias=logit_bias)
 
+    def _check_xtc_special_tokens(self, vocab_size: int | None) -> None:
+        """Ids the XTC mask writes to: each must be a row of the logits (an id past the end wrote out of bounds)."""
+        special = self.xtc_special_tokens
+        if special is None:
+            return
+        if not isinstance(special, (list, tuple)) or not all(_is_int(t) for t in special):
+            raise UserError(f"xtc_special_tokens {special!r} must be a list of token ids")
+        top = vocab_size if vocab_size is not None else MAX_TOKEN_ID + 1
+        for token in special:
+            if not 0 <= token < top:
+                where = f"this vocabulary's ids are 0..{vocab_size - 1}" if vocab_size else "ids are never negative"
+                raise UserError(
+                    f"xtc_special_tokens names token {token}, which is not an id of this vocabulary ({where}); "
+                    "find an id with the tokenizer's encode()"
+                )
+
     def _checked_processors(self, vocab_size: int | None) -> dict[int, float] | None:
-        """Refuse bad penalty settings by name; the logit bias as {int id: float}."""
+        """Refuse bad penalty settings by name; the logit bias as {int id: float}. Bounds hold after the float32
+        cast the logits are processed in (MAX_LOGIT_BIAS): a value finite in Python but inf in float32 made NaN."""
         for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if value is not None and (not _is_real(value) or not math.isfinite(value)):
                 raise UserError(f"{name} {value!r} is not a finite number; leave it unset to turn it off")
-        if self.repetition_penalty is not None and self.repetition_penalty <= 0:
-            raise UserError(f"repetition_penalty {self.repetition_penalty} must be > 0 (1 changes nothing)")
+        low, high = REPETITION_PENALTY_RANGE
+        if self.repetition_penalty is not None and not low <= self.repetition_penalty <= high:
+            raise UserError(
+                f"repetition_penalty {self.repetition_penalty} is outside {low:g}..{high:g} (1 changes nothing; "
+                "1.1 to 1.3 is usual)"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value is not None and not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise UserError(
+                    f"{name} {value:g} is outside -{MAX_PENALTY:g}..{MAX_PENALTY:g}, where float32 logits overflow; "
+                    "OpenAI's range is -2..2"
+                )
         for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
             value = getattr(self, name)
             if not _is_int(value) or not 1 <= value <= MAX_CONTEXT_SIZE:
@@ -277,10 +317,22 @@ class DecodeOptions:
             raise UserError(f"logit_bias {self.logit_bias!r} must map token ids to numbers")
         bias = {}
         for token, value in self.logit_bias.items():
-            ident = int(token) if isinstance(token, str) and token.isascii() and token.isdigit() else token
+            # Python's int() refuses more than 4,300 digits with a ValueError; no id has more than ten
+            digits = isinstance(token, str) and token.isascii() and token.isdigit() and len(token) <= 12
+            ident = int(token) if digits else token
             if not _is_int(ident) or ident < 0 or (vocab_size is not None and ident >= vocab_size):
-                raise UserError(f"logit_bias names token {token!r}, which is not an id of this vocabulary")
+                ids = f" (its ids are 0..{vocab_size - 1})" if vocab_size else ""
+                shown = token if not isinstance(token, str) or len(token) <= 40 else token[:40] + "..."
+                raise UserError(
+                    f"logit_bias names token {shown!r}, which is not an id of this vocabulary{ids}; "
+                    "find an id with the tokenizer's encode()"
+                )
             if not _is_real(value) or not math.isfinite(value):
                 raise UserError(f"logit_bias of token {token!r} is {value!r}, not a finite number")
+            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise UserError(
+                    f"logit_bias of token {token!r} is {value:g}, outside -{MAX_LOGIT_BIAS:g}..{MAX_LOGIT_BIAS:g} "
+                    "where float32 logits overflow; 100 already forces a token and -100 bans it"
+                )
             bias[int(ident)] = float(value)
         return bias

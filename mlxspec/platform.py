@@ -121,3 +121,18 @@ def reexec_with_openblas(argv: list[str]) -> None:
             return
         env["LD_PRELOAD"] = f"{library} {os.environ.get('LD_PRELOAD', '')}".strip()
     os.execve(sys.executable, [sys.executable, "-m", "mlxspec", *argv[1:]], env)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory free for a new allocation: Linux's MemAvailable, else the physical total; None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

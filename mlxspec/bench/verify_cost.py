@@ -33,8 +33,9 @@ def run_verify_cost(config: VerifyCostConfig, echo=print) -> dict:
     target = load_model(config.model or DEFAULT_TARGET)
     draft_path = config.draft or (DEFAULT_DRAFT if config.model is None else None)
     draft = load_model(draft_path) if draft_path else None
-    backend, status = verify_kernel.resolve(config.kernel)
     sizes = tuple(n for n in SIZES if n <= config.max_tokens)
+    check_context(config.context, max(sizes), [m for m in (target, draft) if m is not None])
+    backend, status = verify_kernel.resolve(config.kernel)
     view = verify_kernel.routed_view(target.model, backend)
     curve = measure_curve(view, draft.model if draft else None, sizes, config.context, config.repeats)
     base = curve.target[min(curve.target)]
@@ -61,6 +62,39 @@ def run_verify_cost(config: VerifyCostConfig, echo=print) -> dict:
         "draft_one_ms": round(curve.draft_one * 1e3, 4),
         "best_draft_length": best,
     }
+
+
+def kv_cache_bytes(config: dict, tokens: int) -> int:
+    """The float32 KV cache of `tokens` tokens for a model with this config.json (a bound: sliding layers hold
+    less)."""
+    text = config.get("text_config") or {}
+    get = lambda key, default=None: config.get(key, text.get(key, default))  # noqa: E731
+    layers = get("num_hidden_layers", 0) or 0
+    heads = get("num_attention_heads", 1) or 1
+    kv_heads = get("num_key_value_heads", heads) or heads
+    head_dim = get("head_dim") or (get("hidden_size", 0) or 0) // heads
+    return int(layers) * int(kv_heads) * int(head_dim) * 2 * 4 * tokens
+
+
+def check_context(context: int, largest: int, models: list) -> None:
+    """Refuse a context the models cannot hold, or whose caches would not fit in this machine's free memory."""
+    from mlxspec.errors import UserError
+    from mlxspec.platform import available_memory
+
+    for model in models:
+        limit = model.context_length
+        if limit is not None and context + largest > limit:
+            raise UserError(
+                f"--context {context} plus the largest forward ({largest} tokens) exceeds the context of "
+                f"'{model.path.name}' ({limit} tokens); use --context {max(1, limit - largest)} or less"
+            )
+    need = sum(kv_cache_bytes(model.config, context + largest) for model in models)
+    free = available_memory()
+    if free is not None and need > 0.8 * free:
+        raise UserError(
+            f"--context {context} needs about {need / 2**30:.1f} GiB of KV cache, more than this machine's free "
+            f"memory allows ({free / 2**30:.1f} GiB free); use a smaller --context"
+        )
 
 
 def plot_verify_cost(report: dict, path: str) -> None:

@@ -82,12 +82,16 @@ def best_draft_length(curve: CostCurve, alpha: float, max_k: int, rows: int = 1,
     return max(range(max_k + 1), key=lambda k: expected_speedup(curve, alpha, k, rows, drafting_scale))
 
 
+PREFILL_CHUNK = 512  # the context is filled this many tokens a forward
+
+
 def _forward_timer(model: nn.Module, context: int):
     """A function timing one forward over n new tokens after `context` tokens, then undoing it (the cache is
     trimmed, recurrent state restored), so calls for any sizes can interleave on one cache."""
     cache = make_prompt_cache(model)
-    model(mx.zeros((1, context), mx.int32), cache=cache)
-    mx.eval([c.state for c in cache])
+    for start in range(0, context, PREFILL_CHUNK):  # in chunks: one forward over 66k tokens asked for 39 GB
+        model(mx.zeros((1, min(PREFILL_CHUNK, context - start)), mx.int32), cache=cache)
+        mx.eval([c.state for c in cache])
     recurrent = recurrent_leaves(cache)
 
     def timed(n: int) -> float:

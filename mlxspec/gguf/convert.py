@@ -21,9 +21,11 @@ import numpy as np
 from mlxspec.errors import UserError
 from mlxspec.gguf.architectures import END_OF_TURN, Architecture, architecture_of, mlx_config, mlx_name, undo_transforms
 from mlxspec.gguf.header import Header, read_header
+from mlxspec.gguf.validate import check_convertible, embedding_rows
 from mlxspec.platform import cache_dir
 
 MARKER = "gguf_source.json"  # written last: a directory without it is an interrupted conversion
+CONVERSION_FORMAT = 2  # in the marker; a conversion made by another format is made anew
 TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 TOKENIZER_ARRAYS += ("tokenizer.ggml.merges",)
 
@@ -40,21 +42,53 @@ def converted_dir(path: Path, say=None) -> Path:
     """The mlx-lm directory for the GGUF at `path`, converting it the first time (progress and where it went on
     stderr, through `say`)."""
     say = say or (lambda line: print(f"mlxspec: {line}", file=sys.stderr, flush=True))
+    path = Path(path)
     header = read_header(path)  # refuses a damaged file or an unknown architecture before hashing 4 GB
     architecture_of(header)
     digest = file_hash(path)
     out = cache_dir() / "gguf" / f"{path.stem}-{digest[:16]}"
-    if (out / MARKER).is_file():
+    if is_conversion_of(out, digest):
         return out
-    start = time.perf_counter()
-    say(f"converting {path.name} ({header.architecture}, {len(header.tensors)} tensors) once, for mlx-lm")
-    work = out.with_name(out.name + ".partial")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    write_model(path, work, say)
-    (work / MARKER).write_text(json.dumps({"gguf": str(path), "sha256": digest}, indent=1) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    work.rename(out)
+    return convert_once(path, out, digest, say)
+
+
+def is_conversion_of(out: Path, digest: str) -> bool:
+    """Whether `out` holds a finished conversion of the file whose sha256 is `digest` (its marker, written last,
+    names it): a folder with only a config.json, or another file's conversion, is not one."""
+    try:
+        marker = json.loads((out / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(marker, dict) or marker.get("format") != CONVERSION_FORMAT:
+        return False
+    return marker.get("sha256") == digest and (out / "config.json").is_file()
+
+
+def convert_once(path: Path, out: Path, digest: str, say) -> Path:
+    """Convert into a private folder, then rename it into place, under a lock: processes converting the same
+    file at once wait for the first, and none deletes another's work."""
+    import fcntl
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if is_conversion_of(out, digest):  # another process finished it while this one waited
+            return out
+        for stale in out.parent.glob(out.name + ".partial*"):  # left by a conversion that died: the lock is ours
+            shutil.rmtree(stale, ignore_errors=True)
+        start = time.perf_counter()
+        header = read_header(path)
+        say(f"converting {path.name} ({header.architecture}, {len(header.tensors)} tensors) once, for mlx-lm")
+        work = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
+        try:
+            write_model(path, work, say)
+            marker = {"gguf": str(path), "sha256": digest, "format": CONVERSION_FORMAT}
+            (work / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+            shutil.rmtree(out, ignore_errors=True)
+            work.rename(out)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     say(f"converted {path.name} in {time.perf_counter() - start:.0f} s into {out}; later runs read it from there")
     return out
 
@@ -62,8 +96,9 @@ def converted_dir(path: Path, say=None) -> Path:
 def write_model(path: Path, out: Path, say) -> None:
     header = read_header(path, TOKENIZER_ARRAYS)
     arch = architecture_of(header)
+    check_convertible(header)
     tokenizer = write_tokenizer(header, out)
-    vocab = next((t.shape[0] for t in header.tensors if t.name == "token_embd.weight"), len(tokenizer))
+    vocab = embedding_rows(header)
     eos = header.metadata.get("tokenizer.ggml.eos_token_id")
     ends = [tokenizer.convert_tokens_to_ids(name) for name in END_OF_TURN if name in tokenizer.get_vocab()]
     eos_ids = sorted({i for i in [eos, *ends] if isinstance(i, int)})
@@ -119,13 +154,15 @@ def write_tokenizer(header: Header, out: Path):
         for key, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
         if f"tokenizer.{key}" in meta
     }
-    if not isinstance(fields.get("tokens"), list):
-        raise UserError(f"'{header.path}' carries no tokenizer (tokenizer.ggml.tokens); it cannot be converted alone")
     try:
         builder = select_tokenizer_builder(header.architecture, fields.get("tokenizer_type"))
     except ValueError as error:
         raise UserError(f"'{header.path}': {error}") from None
-    tokenizer = set_split_regex(add_gguf_special_tokens(builder(fields), fields), fields)
+    try:
+        tokenizer = set_split_regex(add_gguf_special_tokens(builder(fields), fields), fields)
+    except Exception as error:  # noqa: BLE001 (the builders' errors on odd vocabularies are of every kind)
+        detail = " ".join(str(error).split())[:200]
+        raise UserError(f"'{header.path}': its tokenizer cannot be built ({type(error).__name__}: {detail})") from None
     tokens = fields["tokens"]
     for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id")):
         index = meta.get(f"tokenizer.ggml.{key}")

@@ -17,6 +17,17 @@ from mlxspec.results import Stats
 ROLES = ("system", "developer", "user", "assistant")
 # Fields a client may send that change nothing here (accepted and ignored).
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort", "modalities"}
+IGNORED |= {"prompt_cache_key", "safety_identifier"}
+# Every parameter a request may name: read, refused by name where unsupported, or in IGNORED. Anything else (a typo
+# such as "repetiton_penalty") is a 400 that names it, never silently dropped.
+SAMPLING_PARAMS = {"temperature", "top_p", "top_k", "min_p", "seed", "xtc_probability", "xtc_threshold"}
+PENALTY_PARAMS = {"presence_penalty", "frequency_penalty", "repetition_penalty", "repetition_context_size"}
+COMMON_PARAMS = {"model", "stream", "stream_options", "n", "stop", "max_tokens", "logit_bias", "logprobs"}
+COMMON_PARAMS |= {"acceptance", "speculative", "response_format", "tools", "functions", "tool_choice", "function_call"}
+KNOWN_PARAMS = {
+    "chat": SAMPLING_PARAMS | PENALTY_PARAMS | COMMON_PARAMS | {"messages", "top_logprobs", "max_completion_tokens"},
+    "text": SAMPLING_PARAMS | PENALTY_PARAMS | COMMON_PARAMS | {"prompt", "echo", "best_of", "suffix"},
+}
 SPECULATIVE_KEYS = {"enabled": "use_draft", "num_draft": "num_draft", "lookup": "lookup", "suffix": "suffix"}
 # OpenAI's responses name the backend configuration that served them; here the mlxspec release (outputs are exact
 # either way: the fingerprint is for clients that log it).
@@ -77,8 +88,24 @@ def _typed(body: dict, name: str, check, kind: str) -> Any:
     return value
 
 
+def _refuse_unknown(body: dict, kind: str) -> None:
+    """A parameter this endpoint does not know: a 400 that names it (and the known name it is closest to)."""
+    import difflib
+
+    unknown = sorted(name for name in body if name not in KNOWN_PARAMS[kind] and name not in IGNORED)
+    if not unknown:
+        return
+    name = unknown[0]
+    shown = name if len(name) <= 60 else name[:60] + "..."
+    close = difflib.get_close_matches(name, sorted(KNOWN_PARAMS[kind]), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else "; drop it"
+    endpoint = "chat completions" if kind == "chat" else "completions"
+    raise RequestError(f"unknown parameter {shown!r} for {endpoint}{hint}", shown)
+
+
 def _refuse_unsupported(body: dict, kind: str) -> None:
     """Parameters whose effect mlxspec does not implement: a clear 400 rather than a silently different answer."""
+    _refuse_unknown(body, kind)
     n = body.get("n")
     if n is not None and (not _is_int(n) or not 1 <= n <= MAX_CHOICES):
         raise RequestError(f"n {n!r} must be a whole number of choices in 1..{MAX_CHOICES}", "n")
@@ -183,8 +210,9 @@ def _penalties(body: dict) -> dict[str, Any]:
     bias = _typed(body, "logit_bias", lambda v: isinstance(v, dict), "an object of token ids to numbers")
     if bias:
         for token, value in bias.items():
-            if not (isinstance(token, str) and token.isascii() and token.isdigit()):
-                raise RequestError(f"logit_bias key {token!r} is not a token id", "logit_bias")
+            if not (isinstance(token, str) and token.isascii() and token.isdigit() and len(token) <= 12):
+                shown = token if len(token) <= 40 else f"{token[:40]}... ({len(token)} characters)"
+                raise RequestError(f"logit_bias key {shown!r} is not a token id", "logit_bias")
             if not _is_number(value) or not -100 <= value <= 100:
                 raise RequestError(f"logit_bias of token {token} is {value!r}, not a number in -100..100", "logit_bias")
         changes["logit_bias"] = {int(token): float(value) for token, value in bias.items()}
