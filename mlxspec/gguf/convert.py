@@ -85,6 +85,7 @@ def convert_once(path: Path, out: Path, digest: str, say) -> Path:
             write_model(path, work, say)
             marker = {"gguf": str(path), "sha256": digest, "format": CONVERSION_FORMAT}
             (work / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+            work.chmod(0o755)  # mkdtemp's folder is private to this user; a conversion is not
             shutil.rmtree(out, ignore_errors=True)
             work.rename(out)
         finally:
