@@ -295,6 +295,8 @@ class DecodeOptions:
             if value is not None and (not _is_real(value) or not math.isfinite(value)):
                 raise UserError(f"{name} {value!r} is not a finite number; leave it unset to turn it off")
         low, high = REPETITION_PENALTY_RANGE
+        if self.repetition_penalty is not None and self.repetition_penalty <= 0:
+            raise UserError(f"repetition_penalty {self.repetition_penalty} must be > 0 (1 changes nothing)")
         if self.repetition_penalty is not None and not low <= self.repetition_penalty <= high:
             raise UserError(
                 f"repetition_penalty {self.repetition_penalty} is outside {low:g}..{high:g} (1 changes nothing; "

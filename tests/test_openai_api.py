@@ -3,7 +3,8 @@
 import pytest
 
 from mlxspec.results import Stats
-from mlxspec.serve.openai_api import Reply, RequestError, chunk, param_named, parse_request, role_chunk, usage
+from mlxspec.serve.openai_api import Reply, chunk, role_chunk, usage
+from mlxspec.serve.openai_request import RequestError, param_named, parse_request
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
 

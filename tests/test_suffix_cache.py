@@ -6,7 +6,7 @@ from helpers import mlx_lm_greedy
 
 import mlxspec
 from mlxspec.drafting.lookup.suffix_index import SuffixIndex
-from mlxspec.serve.openai_api import parse_request
+from mlxspec.serve.openai_request import parse_request
 
 
 def test_the_longest_match_drafts_the_most_frequent_continuation():

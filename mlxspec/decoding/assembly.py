@@ -11,7 +11,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.decoding.draft import Drafter
-from mlxspec.decoding.engine import Ranks, SpeculativeEngine
+from mlxspec.decoding.engine import SpeculativeEngine
+from mlxspec.decoding.forward import Ranks
 from mlxspec.decoding.processors import make_processors, processor_window
 from mlxspec.options import DecodeOptions
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -12,24 +11,14 @@ import mlx.nn as nn
 from mlxspec.cache.recurrent import Snapshot, snapshot
 from mlxspec.cache.rollback import CacheSpec, rollback, rollback_room
 from mlxspec.decoding.draft import Draft, Drafter
-from mlxspec.decoding.forward import PREFILL, DraftRequest, EngineState, ForwardRequest, Phases, StepResult, drive
+from mlxspec.decoding.forward import DraftRequest, EngineState, ForwardRequest, Phases, Ranks, StepResult, drive
 from mlxspec.decoding.keys import PositionKeys
+from mlxspec.decoding.prefill import fill_target, prepare_drafter
 from mlxspec.decoding.processors import Processor, process_rows, token_logprobs
 from mlxspec.decoding.replay import DeferredReplay
 from mlxspec.decoding.sampling import SamplingConfig, first_token_allowed
 from mlxspec.decoding.tree_attention import keep_tree_path, tree_verification
 from mlxspec.decoding.verify import target_samples, verify_nodes, verify_sampled_chain
-
-
-class Ranks(Protocol):
-    """Ranks that share one sharded target (distributed.Sharding)."""
-
-    def agree(self, values: mx.array) -> mx.array:
-        """Rank 0's step outcome on every rank, inside the sync that reads the outcome."""
-
-    def same_draft(self, draft: Draft | None, capacity: int) -> Draft | None:
-        """Rank 0's draft (or its lack of one) on every rank, before the target reads it; capacity bounds its
-        nodes on every rank alike."""
 
 
 def to_host(values: mx.array) -> list[int]:
@@ -125,31 +114,17 @@ class SpeculativeEngine:
     def prefill_phases(self, prompt: list[int], reused: int = 0, drafter_reused: int = 0) -> Phases:
         """prefill, one forward request per chunk (a batch driver runs them between other rows' steps)."""
         self.mid_step = True  # until the prompt is in: an exception in between leaves the caches half-fed
-        self.position, self.history = reused, list(prompt)
-        todo = list(prompt[reused:-1])
-        hidden = []
-        for start in range(0, len(todo), self.prefill_chunk):
-            chunk = mx.array(todo[start : start + self.prefill_chunk])
-            taps = self.taps if self.wants_hidden else None
-            _, rows = yield ForwardRequest(self.target, chunk, self.cache, taps, alone=True, kind=PREFILL)
-            if self.wants_hidden:
-                hidden.append(rows)
-                mx.eval(hidden[-1], [c.state for c in self.cache])
-            else:
-                mx.eval([c.state for c in self.cache])
-            self.position += chunk.shape[0]
-        self.pending = [prompt[-1]]
+        self.history = list(prompt)
+        taps = self.taps if self.wants_hidden else None
+        filled = yield from fill_target(self.target, self.cache, prompt[reused:-1], reused, self.prefill_chunk, taps)
+        self.position, self.pending = filled.position, [prompt[-1]]
         if self.recurrent:  # free (references): a later prompt sharing this one's prefix may start from here
             self.prompt_snapshot = (self.position, snapshot(self.recurrent))
-        if self.drafter is not None:  # it reads self.history, the committed tokens, and keeps no copy
-            if drafter_reused:
-                self.drafter.resume(self.history, drafter_reused)
-            elif self.controller is not None and self.drafter.prefill_may_wait:
-                self.drafter_behind = True
-            else:
-                self.drafter.prefill(self.history)
+        if self.drafter is not None:
+            may_wait = self.controller is not None
+            self.drafter_behind = prepare_drafter(self.drafter, self.history, drafter_reused, may_wait)
             if self.wants_hidden:  # every prompt row but the pending token's (none for a one-token prompt)
-                self.drafter.set_hidden(mx.concatenate(hidden) if hidden else None)
+                self.drafter.set_hidden(filled.hidden)
         self.mid_step = False
 
     def kept_state(self) -> EngineState | None:
@@ -212,7 +187,19 @@ class SpeculativeEngine:
             self.drafter_behind = False
             self.drafter.catch_up()
             self._mark_time = started = time.perf_counter()  # a one-off, not what this step length costs
-        draft = (yield DraftRequest(self.drafter, budget, self._draft_keys(budget, draft_key))) if budget > 0 else None
+        draft = (
+            (
+                yield DraftRequest(
+                    self.drafter,
+                    budget,
+                    self.position_keys.draft_keys(
+                        self.sampling.greedy, self.coupled, self.generated, budget, draft_key
+                    ),
+                )
+            )
+            if budget > 0
+            else None
+        )
         if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():
             draft = None  # no room in the context to verify it: decode one token instead
         if budget > 0 and self.ranks is not None:  # (every rank has the same budget: it follows emitted tokens)
@@ -284,22 +271,8 @@ class SpeculativeEngine:
         self._count_forward(width)
         self.position += width
 
-    def _draft_keys(self, budget: int, draft_key: mx.array | None) -> mx.array | None:
-        """[budget, 2] keys for a drafter's draws at depths 0..budget-1 (None when greedy): the positions' own keys
-        (coupled), or a split of the step's draft key (residual)."""
-        if self.sampling.greedy:
-            return None
-        if self.coupled:
-            return self.position_keys.span(self.generated, budget)
-        return mx.random.split(draft_key, budget)
-
-    def _node_keys(self, depths: list[int] | tuple[int, ...], coins: bool = False) -> mx.array | None:
-        """[N, 2]: the key of each target row, by the output position it decides (the row after a node of depth
-        d decides position generated + d); `coins`: their XTC coins' keys (None without XTC)."""
-        if self.sampling.greedy or (coins and not self.sampling.xtc):
-            return None
-        span = self.position_keys.coin_span if coins else self.position_keys.span
-        return span(self.generated, max(depths) + 1)[mx.array(depths, dtype=mx.int32)]
+    def _row_keys(self, depths: list[int] | tuple[int, ...], coins: bool = False) -> mx.array | None:
+        return self.position_keys.row_keys(self.sampling, self.generated, depths, coins)
 
     def _plain_step(self, max_new_tokens: int) -> Phases:
         """One token with no draft. When the next step will be plain too, its forward is queued on this step's
@@ -309,7 +282,7 @@ class SpeculativeEngine:
         else:
             logits = yield from self._target_logits(None)
         self._mark("verify", logits)
-        keys, coins = self._node_keys([0]), self._node_keys([0], coins=True)
+        keys, coins = self._row_keys([0]), self._row_keys([0], coins=True)
         self._logits = logits[-1:]
         token, short = target_samples(logits[-1:], self.sampling, keys, not self.rollback_ok, coins)
         self._mark("target probs", token)
@@ -385,7 +358,7 @@ class SpeculativeEngine:
             with tree_verification(self.target, self.cache, shape, prefix):  # alone: the model is patched meanwhile
                 logits = yield from self._target_logits(draft, alone=True)
         self._mark("verify", logits)
-        keys, coins = self._node_keys(shape.depths), self._node_keys(shape.depths, coins=True)
+        keys, coins = self._row_keys(shape.depths), self._row_keys(shape.depths, coins=True)
         verdict = verify_nodes(draft, self.pending, logits, self.sampling, keys, self._host, self._mark, coins)
         self.sorted_fallbacks += verdict.redrawn
         self._mark("accept")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -115,3 +115,14 @@ def drive_alone(events: Generator) -> Generator:
                 yield event
     finally:
         events.close()
+
+
+class Ranks(Protocol):
+    """Ranks that share one sharded target (distributed.Sharding)."""
+
+    def agree(self, values: mx.array) -> mx.array:
+        """Rank 0's step outcome on every rank, inside the sync that reads the outcome."""
+
+    def same_draft(self, draft: Draft | None, capacity: int) -> Draft | None:
+        """Rank 0's draft (or its lack of one) on every rank, before the target reads it; capacity bounds its
+        nodes on every rank alike."""

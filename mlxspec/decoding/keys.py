@@ -49,6 +49,26 @@ class PositionKeys:
         self._extend(start + count)
         return mx.stack([self.keys[p * self.draws] for p in range(start, start + count)])
 
+    def draft_keys(
+        self, greedy: bool, coupled: bool, generated: int, budget: int, draft_key: mx.array | None
+    ) -> mx.array | None:
+        """[budget, 2] keys for a drafter's draws at depths 0..budget-1 (None when greedy): the positions' own keys
+        (coupled), or a split of the step's draft key (residual)."""
+        if greedy:
+            return None
+        if coupled:
+            return self.span(generated, budget)
+        return mx.random.split(draft_key, budget)
+
+    def row_keys(self, sampling, generated: int, depths, coins: bool = False) -> mx.array | None:
+        """[N, 2]: the key of each target row, by the output position it decides (the row after a node of depth
+        d decides position generated + d); `coins`: their XTC coins' keys (None without XTC). `sampling`: a
+        SamplingConfig."""
+        if sampling.greedy or (coins and not sampling.xtc):
+            return None
+        span = self.coin_span if coins else self.span
+        return span(generated, max(depths) + 1)[mx.array(depths, dtype=mx.int32)]
+
 
 def draw(scaled_logits: mx.array, keys: mx.array) -> mx.array:
     """One token per row: rows [N, V] of processed, temperature-scaled log-probabilities (sampling.scaled_logprobs),

@@ -1,4 +1,4 @@
-"""OpenAI's log-probabilities in a response (openai_api.logprobs_requested reads what a request asks for).
+"""OpenAI's log-probabilities in a response (openai_request.logprobs_requested reads what a request asks for).
 
 Chat asks with `logprobs: true` and `top_logprobs: 0-20`, and gets `{"content": [{token, logprob, bytes,
 top_logprobs}]}`; completions ask with `logprobs: 0-5` and get `{tokens, token_logprobs, top_logprobs,

@@ -31,7 +31,7 @@ from mlxspec.errors import UserError
 from mlxspec.options import MAX_SEED, DecodeOptions
 from mlxspec.serve import openai_api as wire
 from mlxspec.serve.logprobs import render
-from mlxspec.serve.openai_api import CompletionRequest, RequestError
+from mlxspec.serve.openai_request import CompletionRequest, RequestError, param_named, parse_request
 from mlxspec.serve.worker import Job, Worker, shutting_down
 
 POLL_SECONDS = 0.25  # how often a waiting handler checks whether its client is still there
@@ -139,7 +139,7 @@ class OpenAIServer:
             raise RequestError(f"the request body is not valid JSON ({error})") from None
         except RecursionError:
             raise RequestError("the request body nests too deeply to parse; send a flat JSON object") from None
-        parsed = wire.parse_request(body, kind)
+        parsed = parse_request(body, kind)
         created = int(time.time())  # this completion's own time, as OpenAI's responses carry
         tokens, options = await run_in_threadpool(self.prepare, parsed)
         if parsed.n > 1 and parsed.stream:
@@ -264,7 +264,7 @@ class OpenAIServer:
             else:
                 tokens = spec.encode(parsed.prompt)
         except UserError as error:
-            raise RequestError(str(error), param=wire.param_named(str(error), where)) from None
+            raise RequestError(str(error), param=param_named(str(error), where)) from None
         context = min(c for c in (spec.target.context_length, self.config.max_context, 2**62) if c)
         if len(tokens) >= context:
             raise RequestError(

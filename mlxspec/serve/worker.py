@@ -13,7 +13,7 @@ from typing import Any
 
 from mlxspec.errors import UserError
 from mlxspec.options import DecodeOptions
-from mlxspec.serve.openai_api import RequestError
+from mlxspec.serve.openai_request import RequestError
 
 
 class Job:
