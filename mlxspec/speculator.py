@@ -293,6 +293,19 @@ class Speculator:
         chain = options.updated(tree_topk=1, tree_nodes=None, lookup_candidates=1, num_draft=depth)
         return chain, f"{why}; drafting a chain instead"
 
+    def warm_up(self) -> None:
+        """What a first run would measure (this device's cost curve, the draft chain's timings, greedy and sampled),
+        measured now behind its progress line: a server warms up before its first request waits on it."""
+        prompt = [t % self.vocab_size for t in range(1, 9)]
+        suffix_index = self.suffix_index
+        for temperature in (0.0, 0.7):
+            options = self.options.updated(max_tokens=2, temperature=temperature, logprobs=None, stop=[])
+            for _ in self.stream(prompt, options.updated(seed=0) if temperature else options):
+                pass
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
+        self.suffix_index = suffix_index  # the warm-up's tokens are nobody's output
+
     def generate_batch(
         self, prompts: list, options: DecodeOptions | list[DecodeOptions] | None = None, max_batch: int | None = None
     ) -> list[GenerationResult]:

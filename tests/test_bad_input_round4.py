@@ -388,3 +388,65 @@ def test_the_server_answers_round_four_with_a_400_and_keeps_serving(tmp_path):
         process.terminate()
         process.wait(timeout=HANG_LIMIT)
     assert "Traceback" not in Path(url.log).read_text()
+
+
+# ---- what a new user met: a server measures at start-up, and says so, not at its first request ----
+
+
+@pytest.mark.slow
+def test_the_server_warms_up_before_serving_and_health_says_so(tmp_path, monkeypatch):
+    import urllib.request
+
+    from test_server_bad_input import free_port
+
+    monkeypatch.setenv("MLXSPEC_CACHE", str(tmp_path / "fresh-cache"))  # nothing measured yet: the curve is
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        command = [sys.executable, "-m", "mlxspec", "serve", "--port", str(port)]
+        process = subprocess.Popen(command, stderr=log, stdout=subprocess.DEVNULL)
+    url, statuses = f"http://127.0.0.1:{port}", []
+    try:
+        deadline = time.monotonic() + HANG_LIMIT
+        while time.monotonic() < deadline and "ok" not in statuses:
+            assert process.poll() is None, log_path.read_text()
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                    statuses.append(json.load(response)["status"])
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert "warming up" in statuses and statuses[-1] == "ok", statuses
+        warm_log = log_path.read_text()
+        assert warm_log.index("measuring this device's verification cost") < warm_log.index("warmed up")
+        status, body = post(url, "/v1/completions", {"prompt": "def f(", "max_tokens": 8, "temperature": 0.7})
+        assert status == 200, body
+        status, body = post(url, "/v1/completions", {"prompt": "def f(", "max_tokens": 8, "temperature": 0})
+        assert status == 200, body
+        assert "measuring" not in log_path.read_text()[len(warm_log) :]  # the first requests measured nothing
+    finally:
+        process.terminate()
+        process.wait(timeout=HANG_LIMIT)
+
+
+def test_a_curve_measured_again_says_why(monkeypatch, tmp_path):
+    """A fresh HOME's first three runs each printed "measuring this device's verification cost" with no reason:
+    the stored curve was noisy (spread 0.33 > 0.25)."""
+    from mlxspec.decoding import costs
+
+    whys = []
+
+    def measured(target, draft, why="", **kwargs):
+        whys.append(why)
+        return costs.CostCurve({1: 0.01, 2: 0.012}, 0.0, 256, "openblas", spread=0.33)
+
+    monkeypatch.setattr(costs, "measure_curve", measured)
+    monkeypatch.setenv("MLXSPEC_CURVE_ATTEMPTS", "3")
+    for _ in range(3):
+        costs.cached_curve(None, None, tmp_path / "t", None, sizes=(1, 2))
+    assert whys[0].startswith("once, then kept in")
+    assert "spread 0.33 > 0.25" in whys[1] and "attempt 2 of 3" in whys[1] and "attempt 3 of 3" in whys[2]
+    costs.cached_curve(None, None, tmp_path / "t", None, sizes=(1, 2))
+    assert len(whys) == 3  # three attempts, then the quietest is kept for good
+    costs.cached_curve(None, None, tmp_path / "t", None, sizes=(1, 2, 4))
+    assert "lacks lengths" in whys[3]

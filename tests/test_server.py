@@ -37,7 +37,8 @@ def wait_healthy(url: str, process: subprocess.Popen, seconds: float = 120) -> N
                 if json.load(response)["status"] == "ok":
                     return
         except OSError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)  # not up yet, or "warming up"
     raise RuntimeError("the server did not come up")
 
 

@@ -28,6 +28,32 @@ def test_plain_decoding_wins_unless_a_drafter_beats_it_by_three_percent():
     assert choose([result(OWN_PLAIN, 100.0), result(draft_k3, 60.0)], settings).choice.drafter == "plain"
 
 
+def with_tau(mode: str, rate: float, tau: float) -> ModeResult:
+    return ModeResult(mode, rate, rate, rate, 0.5, tau, 0.5, 0)
+
+
+def test_the_fastest_setting_that_drafted_is_chosen_over_one_that_barely_drafted():
+    """Issue 44: eagle 138.5 tok/s at tau 1.01 and draft at 1.03 barely drafted (their speed is plain's noise);
+    lookup drafted (tau 1.13) at 113.8 against plain's 100.8. It printed "plain" with no reason."""
+    settings = {s.name: s for s in settings_for("plain", None) + settings_for("lookup", None)}
+    settings |= {s.name: s for s in settings_for("eagle", "e") + settings_for("draft", "d")}
+    eagle, draft = Setting("eagle", "e", 3).name, Setting("draft", "d", 3).name
+    lookup = Setting("lookup", None, "auto").name
+    rows = [
+        with_tau(OWN_PLAIN, 100.8, 1.0),
+        with_tau(eagle, 138.5, 1.01),
+        with_tau(draft, 119.6, 1.03),
+        with_tau(lookup, 113.8, 1.13),
+    ]
+    picked = choose(rows, settings)
+    assert picked.choice == settings[lookup] and "fastest setting that drafted" in picked.reason
+    rows[3] = with_tau(lookup, 101.0, 1.13)  # lookup drafts but does not beat plain by 3%: plain, and why
+    picked = choose(rows, settings)
+    assert picked.choice.drafter == "plain" and f"{lookup} at 101.0 tok/s" in picked.reason
+    picked = choose(rows[:3], settings)
+    assert picked.choice.drafter == "plain" and "no setting drafted" in picked.reason
+
+
 def test_every_drafter_gets_chains_auto_and_its_trees():
     names = [s.name for s in settings_for("eagle3", "e")]
     assert "mlxspec eagle3 k=3" in names and "mlxspec eagle3 k=auto" in names

@@ -182,8 +182,8 @@ def run_modes(
     Interleaving matters on a shared machine, whose speed drifts by 10-20% over minutes: drift then hits every
     mode alike. The first mode is the baseline; speedup is the median over passes of the within-pass ratio.
     """
-    for fn in modes.values():
-        fn(prompts[0], 8, temperature, top_p, seed)  # warm-up: compile kernels, allocate caches
+    for fn in modes.values():  # warm-up, each mode a whole run: compile kernels, allocate caches at every length
+        fn(prompts[0], max_tokens, temperature, top_p, seed)  # (8 tokens left a first plain pass 40% slow)
     passes: dict[str, list[list[Run]]] = {name: [] for name in modes}
     clock = PassClock(list(modes), repeats)
     for r in range(repeats):

@@ -96,6 +96,7 @@ class Regime:
     choice_tokens_per_second: float
     rows: list[dict] = field(default_factory=list)
     dropped: str = ""  # why a later run dropped the choice ("" while it holds)
+    reason: str = ""  # why this choice: the fastest that drafted, or why plain decoding won
 
     def to_dict(self) -> dict:
         return {**asdict(self), "choice": asdict(self.choice)}
@@ -106,17 +107,26 @@ class Regime:
 
 
 def choose(results: list[ModeResult], settings: dict[str, Setting]) -> Regime:
-    """The fastest setting if it beats plain decoding by TUNE_MARGIN, else plain."""
+    """The fastest setting that drafted (tau >= MIN_TAU: a setting that barely drafted ran plain, and its speed is
+    plain's noise), if it beats plain decoding by TUNE_MARGIN; else plain, saying why."""
     by_name = {r.mode: r for r in results}
     plain = by_name[OWN_PLAIN].tokens_per_second
-    best = max(results, key=lambda r: r.tokens_per_second)
     rows = [
         {"mode": r.mode, "tokens_per_second": r.tokens_per_second, "tau": r.tokens_per_target_call} for r in results
     ]
-    drafted = best.tokens_per_target_call >= MIN_TAU  # tau 1: the setting decoded plainly; its speed is noise
-    if best.mode == OWN_PLAIN or not drafted or best.tokens_per_second < plain * (1 + TUNE_MARGIN):
-        return Regime(Setting("plain"), plain, plain, rows)
-    return Regime(settings[best.mode], plain, best.tokens_per_second, rows)
+    drafting = [r for r in results if r.mode != OWN_PLAIN and r.tokens_per_target_call >= MIN_TAU]
+    if not drafting:
+        reason = f"no setting drafted (every tau below {MIN_TAU})"
+        return Regime(Setting("plain"), plain, plain, rows, reason=reason)
+    best = max(drafting, key=lambda r: r.tokens_per_second)
+    if best.tokens_per_second < plain * (1 + TUNE_MARGIN):
+        reason = (
+            f"the fastest setting that drafted, {best.mode} at {best.tokens_per_second:.1f} tok/s (tau "
+            f"{best.tokens_per_target_call:.2f}), does not beat plain's {plain:.1f} by {TUNE_MARGIN:.0%}"
+        )
+        return Regime(Setting("plain"), plain, plain, rows, reason=reason)
+    reason = f"the fastest setting that drafted (tau {best.tokens_per_target_call:.2f})"
+    return Regime(settings[best.mode], plain, best.tokens_per_second, rows, reason=reason)
 
 
 def measure(

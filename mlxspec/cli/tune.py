@@ -153,7 +153,8 @@ def tune(model, draft, eagle, dflash, medusa, prompts, max_tokens, kernel, as_js
         for row in sorted(regime.rows, key=lambda r: -r["tokens_per_second"]):
             click.echo(f"{row['mode']:40s} {row['tokens_per_second']:8.1f} {row['tau']:6.2f}")
         gain = regime.choice_tokens_per_second / regime.plain_tokens_per_second
-        click.echo(f"choice: {regime.choice.name} ({gain:.2f}x plain)\n")
+        why = f": {regime.reason}" if regime.reason else ""
+        click.echo(f"choice: {regime.choice.name} ({gain:.2f}x plain){why}\n")
     click.echo(f"stored in {path}; generate, serve and chat use it unless --no-tune")
 
 

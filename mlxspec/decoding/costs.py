@@ -115,7 +115,12 @@ def _spread(times: list[float]) -> float:
 
 
 def measure_curve(
-    target: nn.Module, draft: nn.Module | None, sizes=(1, 2, 4, 8, 16, 32), context: int = 256, repeats: int = 7
+    target: nn.Module,
+    draft: nn.Module | None,
+    sizes=(1, 2, 4, 8, 16, 32),
+    context: int = 256,
+    repeats: int = 7,
+    why: str = "",
 ) -> CostCurve:
     """The median of `repeats` timings per size, taken in interleaved rounds (every size, and a chain of draft
     forwards, once per round), so a burst of load falls on all sizes alike rather than on whichever ran then.
@@ -126,7 +131,9 @@ def measure_curve(
     from mlxspec.progress import Progress
 
     sizes = sorted(sizes)
-    progress = Progress("measuring this device's verification cost", repeats + 1)
+    what = "measuring this device's verification cost" + (f" {why}" if why else "")
+    progress = Progress(what, repeats + 1)
+    progress.update(0)  # before the context is filled: on a large target that alone takes minutes
     target_timer = _forward_timer(target, context)
     draft_timer = _forward_timer(draft, context) if draft is not None else None
     times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -208,7 +215,7 @@ def cached_curve(
     noisy = kept is not None and kept.spread > SPREAD_LIMIT and kept.attempts < max_attempts()
     if complete and not refresh and not noisy:
         return kept
-    curve = measure_curve(target, draft, **kwargs)
+    curve = measure_curve(target, draft, why=_why_measured(kept, complete, noisy, refresh), **kwargs)
     if complete and noisy and not refresh:
         curve = curve if curve.spread <= kept.spread else kept  # the quietest of the attempts
         curve = replace(curve, attempts=kept.attempts + 1)
@@ -219,6 +226,20 @@ def cached_curve(
     except OSError:
         pass  # a read-only home only costs a re-measurement next time
     return curve
+
+
+def _why_measured(kept: CostCurve | None, complete: bool, noisy: bool, refresh: bool) -> str:
+    """Why a curve is measured now, for its progress line: a user who saw it once should not wonder why again."""
+    if refresh:
+        return "again, as asked"
+    if kept is None:
+        return f"once, then kept in {cache_dir()}"
+    if not complete:
+        return "again: the stored curve lacks lengths this run may verify"
+    return (
+        f"again: the stored one was measured on a busy machine (spread {kept.spread:.2f} > {SPREAD_LIMIT}); "
+        f"attempt {kept.attempts + 1} of {max_attempts()}, the quietest is kept"
+    )
 
 
 def _stored_curve(entry) -> CostCurve | None:

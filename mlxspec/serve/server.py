@@ -96,7 +96,7 @@ class OpenAIServer:
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "warming up" if self.worker.warming else "ok",
                 "model": self.config.model_id,
                 "busy": self.worker.busy,
                 "waiting": self.worker.jobs.qsize(),

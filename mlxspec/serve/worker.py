@@ -47,6 +47,7 @@ class Worker:
         self._submit_lock = threading.Lock()
         self.speculator: Any = None
         self.busy = False
+        self.warming = True  # until the first runs' measurements are made (Speculator.warm_up): /health says so
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="mlxspec-worker", daemon=True)
@@ -73,6 +74,8 @@ class Worker:
         except BaseException as error:  # reported by start(), in the main thread
             self._error = error
         self._ready.set()
+        if self._error is None:
+            self._warm_up()
         if self._error is None and self.max_batch > 1:
             self._batched()
         while self._error is None:
@@ -82,6 +85,17 @@ class Worker:
                 self.run(job)
             finally:
                 self.busy = False
+
+    def _warm_up(self) -> None:
+        """Measure now what the first request would wait on (a cost curve took 83 s there); requests queue
+        meanwhile. A failure here is reported and left to the first request to meet again."""
+        try:
+            self.speculator.warm_up()
+        except Exception as error:  # noqa: BLE001 (the server still serves; a request meets the error in its answer)
+            print(f"mlxspec: warming up failed ({' '.join(str(error).split())})", file=sys.stderr, flush=True)
+        finally:
+            self.warming = False
+            print("mlxspec: warmed up; requests are served now", file=sys.stderr, flush=True)
 
     def run(self, job: Job) -> None:
         if job.cancelled.is_set():  # its client left while it waited
