@@ -450,3 +450,40 @@ def test_a_curve_measured_again_says_why(monkeypatch, tmp_path):
     assert len(whys) == 3  # three attempts, then the quietest is kept for good
     costs.cached_curve(None, None, tmp_path / "t", None, sizes=(1, 2, 4))
     assert "lacks lengths" in whys[3]
+
+
+# ---- what a new user met: drafting paused, and nobody said so ----
+
+
+def steep_curve(draft_one: float = 0.004) -> object:
+    from mlxspec.decoding.costs import CostCurve
+
+    return CostCurve({1: 0.01, 2: 0.015, 4: 0.02, 8: 0.03, 16: 0.05, 32: 0.09}, draft_one, 256, "openblas")
+
+
+def test_a_controller_that_paused_most_steps_says_so_and_why():
+    from mlxspec.decoding.draft_length import DraftLengthController
+
+    controller = DraftLengthController(steep_curve(), 8, pause=True)
+    assert controller.can_win and controller.pause_note() == ""
+    for _ in range(40):  # every draft rejected: alpha falls until no length pays
+        k = controller.next_length()
+        controller.update(k, 0)
+    note = controller.pause_note()
+    assert note.startswith("drafting paused for ") and " of 40 steps: at alpha 0." in note
+    assert "a draft token costs 0.40 of a target step" in note and "-k N" in note
+    fresh = DraftLengthController(steep_curve(0.0005), 8, pause=True)
+    for _ in range(20):  # every draft accepted: it drafts, and says nothing
+        k = fresh.next_length()
+        fresh.update(k, k)
+    assert fresh.paused_steps == 0 and fresh.pause_note() == ""
+
+
+def test_a_run_whose_drafting_paused_says_so_in_its_stats(tiny_dirs, monkeypatch):
+    """Two random models: the draft is never accepted, -k auto pauses, and the note says so (-v, --json and the
+    server's usage all print stats.note)."""
+    monkeypatch.setattr("mlxspec.drafting.provider.model_curve", lambda *args, **kwargs: steep_curve())
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"])
+    result = spec.generate("abc", max_tokens=30, temperature=0.0, stop_at_eos=False)
+    assert result.stats.target_calls >= 25  # (it decoded nearly plainly)
+    assert "drafting paused for" in result.stats.note, result.stats.note

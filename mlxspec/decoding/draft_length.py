@@ -35,6 +35,7 @@ class DraftLengthController:
         self.cost_scale: dict[bool, float] = {}  # measured step seconds over the curve's: drafting (True), plain
         self.last_observed: dict[bool, int] = {}  # the observed step each mode was last timed at
         self.committed_plain = False  # plain_next promised the coming step is plain (its forward is queued)
+        self.steps = self.paused_steps = 0  # this run's steps, and those drafting was paused for (not probes)
         # Acceptance counts with exponential forgetting; the prior counts as two steps' worth.
         self.successes, self.failures = 2 * prior_alpha, 2 * (1 - prior_alpha)
         # Even perfect acceptance cannot pay for verification: decode plainly.
@@ -51,6 +52,7 @@ class DraftLengthController:
         self.cost_scale = dict(earlier.cost_scale)
         self.last_observed = {mode: 0 for mode in self.cost_scale}
         self.paused, self.mode_steps, self.probe_interval = earlier.paused, earlier.mode_steps, earlier.probe_interval
+        self.steps = self.paused_steps = 0  # (counted per run)
 
     @property
     def alpha(self) -> float:
@@ -69,16 +71,19 @@ class DraftLengthController:
     def next_length(self, rows: int = 1) -> int:
         """This step's draft length, with `rows` sequences decoding together: as the batch fills, the verify
         forward's tokens grow by rows per draft token, so k shrinks, and drafting pauses where no length pays."""
+        self.steps += 1
         if not self.can_win:
             return 0
         if self.committed_plain:  # plain_next promised it: the engine has queued this step's forward
             self.committed_plain = False
             self.mode_steps += 1
+            self.paused_steps += 1
             return 0
         predicted = self.best_length(rows)
         paused = self._paused(predicted)
         if not self.pause:
             return max(1, predicted)  # never below one draft token: with none, alpha would stop being measured
+        self.paused_steps += paused
         self.mode_steps += 1
         if self.mode_steps % self.probe_interval == 0:  # a probe of the other mode keeps both measured
             self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_EVERY)  # and grows while the mode holds
@@ -105,6 +110,20 @@ class DraftLengthController:
             return False
         self.committed_plain = True
         return True
+
+    def pause_note(self) -> str:
+        """Why this run decoded mostly plainly although it could draft: "" unless drafting paused for most steps
+        (-v, --json and the server's usage say it, as they do when a run stays plain)."""
+        if not self.can_win or not self.steps or self.paused_steps * 2 < self.steps:
+            return ""
+        t1 = self.curve.target[min(self.curve.target)]
+        why = f"a draft token costs {self.curve.draft_one / t1:.2f} of a target step by this device's stored curve"
+        if True in self.cost_scale and False in self.cost_scale:
+            why += f", and drafting steps ran at {self.drafting_scale:.2f}x the cost the curve predicts"
+        return (
+            f"drafting paused for {self.paused_steps} of {self.steps} steps: at alpha {self.alpha:.2f} no draft "
+            f"length paid ({why}); pass -k N to draft anyway, or re-measure the curve with `mlxspec tune --remeasure`"
+        )
 
     def observe(self, drafted: int, seconds: float) -> None:
         """A step's wall time and its draft length (0: plain): its cost over the curve's, per mode, with
