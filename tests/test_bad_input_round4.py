@@ -487,3 +487,23 @@ def test_a_run_whose_drafting_paused_says_so_in_its_stats(tiny_dirs, monkeypatch
     result = spec.generate("abc", max_tokens=30, temperature=0.0, stop_at_eos=False)
     assert result.stats.target_calls >= 25  # (it decoded nearly plainly)
     assert "drafting paused for" in result.stats.note, result.stats.note
+
+
+# ---- what a new user met: --acceptance residual --seed 1 gave another text on the next run ----
+
+
+def test_a_residual_seed_repeats_its_text_whatever_the_machines_timings(tiny_dirs, monkeypatch):
+    """-k auto sized residual drafts by the step timings (and the last run's), so the same seed wrote another text
+    on the next run. Its lengths now follow the text and the stored curve: slowed or not, the same text."""
+    import mlxspec.decoding.draft_length as draft_length
+
+    monkeypatch.setattr("mlxspec.drafting.provider.model_curve", lambda *args, **kwargs: steep_curve(0.001))
+    spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["target"])  # a draft that is accepted
+    run = dict(max_tokens=24, temperature=1.0, seed=1, acceptance="residual", stop_at_eos=False)
+    first = spec.generate("abc", **run)
+    assert first.stats.accepted > 0
+    real_observe = draft_length.DraftLengthController.observe
+    monkeypatch.setattr(draft_length.DraftLengthController, "observe", lambda self, d, s: real_observe(self, d, s * 50))
+    again = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["target"]).generate("abc", **run)
+    assert again.tokens == first.tokens  # each step timed 50x slower: the lengths, and the text, are the same
+    assert spec.generate("abc", **run).tokens == first.tokens  # and after an earlier run of the same kind

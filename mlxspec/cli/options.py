@@ -141,7 +141,9 @@ SAMPLING_OPTIONS = [
         default="coupled",
         show_default=True,
         help="How sampled drafts are kept: coupled gives one text per seed whatever drafts (mlx-lm's own text for "
-        "that seed); residual is Leviathan/Chen rejection, exact in law only, with a slightly higher acceptance.",
+        "that seed); residual is Leviathan/Chen rejection, exact in law only, with a slightly higher acceptance: its "
+        "text for a seed depends on the draft lengths too, so it repeats with the same drafter, -k and stored cost "
+        "curve (-k auto then sizes drafts by the text and that curve alone).",
     ),
     click.option("--repetition-penalty", type=float, default=None, help="mlx-lm's multiplicative repetition penalty."),
     click.option("--repetition-context-size", type=int, default=20, show_default=True),

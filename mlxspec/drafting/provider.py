@@ -114,14 +114,19 @@ class DrafterProvider:
             return RunDrafting(drafter)
         is_block = isinstance(drafter, DFlashDrafter)
         model_part = drafter.model if isinstance(drafter, LookupThenModelDrafter) else drafter
+        # Leviathan/Chen's draws are split per step, so its text follows the lengths drafted: those then follow the
+        # text and the stored curve alone (no timing of this load, no carry from earlier runs), so a seed repeats
+        # its text from run to run.
+        residual = options.acceptance == "residual" and not options.sampling.greedy
         controller = self.draft_length_controller(
             options.depth,
             with_draft=isinstance(model_part, (DraftModelDrafter, CrossTokenizerDrafter)),
             kernel=options.kernel,
-            block_seconds=self.block_seconds(drafter, target, options) if is_block else 0.0,
-            chain=self.chain_costs(target, options) if is_compiled_chain(model_part) else None,
-            kind=(type(drafter), options.depth, options.sampling.greedy, options.kernel),
+            block_seconds=self.block_seconds(drafter, target, options) if is_block and not residual else 0.0,
+            chain=self.chain_costs(target, options) if is_compiled_chain(model_part) and not residual else None,
+            kind=None if residual else (type(drafter), options.depth, options.sampling.greedy, options.kernel),
         )
+        controller.timed = not residual
         if not controller.can_win:
             return RunDrafting(None, None, why_drafting_cannot_pay(controller.curve, options.depth))
         if isinstance(drafter, PromptLookupDrafter):
