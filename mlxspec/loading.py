@@ -49,6 +49,17 @@ class LoadedModel:
         return getattr(args, "vocab_size", None) or len(self.tokenizer.get_vocab())
 
     @property
+    def compute_dtype(self) -> str:
+        """The floating dtype its weights (or a quantized model's scales) compute in: mlx-lm keeps a bf16
+        checkpoint in bf16, while on the CPU mlxspec widens it to float32, so their texts for a seed can differ."""
+        from mlx.utils import tree_flatten
+
+        for _, value in tree_flatten(self.model.parameters()):
+            if mx.issubdtype(value.dtype, mx.floating):
+                return str(value.dtype).removeprefix("mlx.core.")
+        return "unknown"
+
+    @property
     def context_length(self) -> int | None:
         for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
             if isinstance(self.config.get(key), int):

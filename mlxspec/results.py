@@ -40,6 +40,7 @@ class Stats:
     prompt_truncated_from: int = 0  # the prompt's length before --truncate cut it (0: not cut)
     note: str = ""  # why mlxspec decoded plainly instead of speculating, if it did
     kernel: str = ""  # the verify kernel's backend ("cpu") and layers routed, or why it was not used
+    dtype: str = ""  # what the target computes in ("float32" on the CPU; mlx-lm keeps bf16 checkpoints in bf16)
     batch_rows: float = 1.0  # rows decoding together, on average over this run's steps (continuous batching)
     sorted_fallbacks: int = 0  # steps redone with the whole vocabulary ranked (a top-p set past the candidates)
     prompt_seconds: float = 0.0
@@ -74,7 +75,7 @@ class Stats:
             f"mode={self.mode} k={self.num_draft} seed={self.seed} alpha={alpha} tau={tau} "
             f"gen={self.tokens_per_second:.1f} tok/s prompt={self.prompt_tokens_per_second:.1f} tok/s "
             f"tokens={self.generated_tokens} target_calls={self.target_calls} {tree}"
-            f"kernel={self.kernel.split(' ')[0].rstrip(':') or 'off'} "
+            f"kernel={self.kernel.split(' ')[0].rstrip(':') or 'off'} dtype={self.dtype or '-'} "
             f"peak={self.peak_memory_bytes / 2**20:.1f} MiB"
         )
 

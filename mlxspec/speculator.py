@@ -83,6 +83,7 @@ class Speculator:
         # run's output, within a budget of suffix_cache_tokens.
         self.suffix_cache_tokens = suffix_cache_tokens
         self.suffix_index: SuffixIndex | None = None
+        self.compute_dtype = target.compute_dtype  # named by -v and --json (a seed's text depends on it)
 
     @property
     def reports(self) -> bool:
@@ -185,6 +186,7 @@ class Speculator:
         target = verify_kernel.routed_view(self.target.model, backend)
         head = verify_kernel.routed_view(self.feature_head, backend) if self.feature_head is not None else None
         stats.kernel = f"{backend.name} ({self._routed_layers(target, head)} layers)" if backend is not None else status
+        stats.dtype = self.compute_dtype
         options, tree_note = self._chain_if_no_trees(options)
         suffix_index = self._suffix_index() if options.suffix else None
         drafting = self.drafting.for_run(options, target, head, suffix_index, lookup_by_default=self.options.lookup)
