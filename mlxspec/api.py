@@ -129,8 +129,10 @@ def load(
     target = load_model(DEFAULT_TARGET if model is None else model, quantize_bits=quantize_target, shard=shard)
     choice = None
     if draft == "auto":
-        draft = DEFAULT_DRAFT if model is None and not heads_given else None
-        if model is not None and not heads_given and sharding is None:
+        # the embedded target, also when named by its path, drafts with the embedded draft
+        embedded = model is None or Path(target.path).resolve() == Path(DEFAULT_TARGET).resolve()
+        draft = DEFAULT_DRAFT if embedded and not heads_given else None
+        if not embedded and not heads_given and sharding is None:
             choice = _auto_drafter(target, str(model), draft_bits)
             if choice.chosen is not None:
                 return _speculator(target, choice, options, prompt_cache, sharding)

@@ -182,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         for spec in (GEMMA, QWEN_TARGET, QWEN_DRAFT) if args.pair else (GEMMA,):
             gguf, digest = fetch(spec, dest)
             print(gguf)
-            print(convert(gguf, digest, dest, spec.converted_name))
+            converted = convert(gguf, digest, dest, spec.converted_name)
+            print(converted)
+            # the converted folder: naming the .gguf would convert it again into mlxspec's own cache
+            print(f"fetch_real_model: run it with `mlxspec generate --model {converted}`", file=sys.stderr)
         print(fetch_tokenizers(dest))
     except FetchError as error:
         print(f"fetch_real_model: {error}", file=sys.stderr)

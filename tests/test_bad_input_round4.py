@@ -507,3 +507,23 @@ def test_a_residual_seed_repeats_its_text_whatever_the_machines_timings(tiny_dir
     again = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["target"]).generate("abc", **run)
     assert again.tokens == first.tokens  # each step timed 50x slower: the lengths, and the text, are the same
     assert spec.generate("abc", **run).tokens == first.tokens  # and after an earlier run of the same kind
+
+
+# ---- what a new user met: `drafters` refused what the rest accepts ----
+
+
+def test_drafters_lists_the_embedded_drafters_for_the_embedded_target_named_by_path(cli_run):
+    code, out, err = cli_run("drafters", "--model", str(DEFAULT_TARGET), "--all")
+    assert code == 0, err
+    assert "embedded" in out and "draft" in out, out
+    spec = mlxspec.load(str(DEFAULT_TARGET))  # and --draft auto drafts with the embedded draft, not lookup
+    assert spec.draft is not None and spec.generate("def f(", max_tokens=4).stats.mode == "draft"
+
+
+def test_drafters_takes_a_gguf_file(cli_run, tmp_path):
+    from test_gguf import tiny, write_gguf
+
+    path = write_gguf(tmp_path / "m.gguf", tiny("qwen3"), "qwen3")
+    code, out, err = cli_run("drafters", "--model", str(path), "--all")
+    assert code == 0 and "Traceback" not in err, err
+    assert str(path) in out

@@ -1,5 +1,6 @@
 """`mlxspec drafters`: the drafters the local Hugging Face cache holds for a target, with why each fits or not
-(drafting/discovery.py). Reads metadata only: no weights are loaded and nothing is downloaded."""
+(drafting/discovery.py). Reads metadata only: no weights are loaded and nothing is downloaded (a GGUF target is
+converted once, as generate converts it)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ def _cached_target(name: str) -> tuple[Path, str]:
     if not name:
         return Path(DEFAULT_TARGET), "the embedded target"
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":  # its conversion (made once, as generate makes it)
+        from mlxspec.loading import resolve_model_path
+
+        return resolve_model_path(path), name
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"--model '{name}' has no config.json; pass an mlx-lm model directory or a cached repo id")
@@ -34,16 +39,19 @@ def _size(size: int) -> str:
 
 
 @click.command()
-@click.option("--model", default="", help="Target: a model directory or a cached repo id [default: the embedded].")
+@click.option(
+    "--model", default="", help="Target: a model directory, a GGUF file or a cached repo id [default: the embedded]."
+)
 @click.option("--all", "show_all", is_flag=True, help="Also list what does not fit, with why.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the target, the pick and every candidate.")
 def drafters(model: str, show_all: bool, as_json: bool) -> None:
     """List the drafters in the local Hugging Face cache that fit a target, best first, and what --draft auto picks."""
     from mlxspec.drafting.discovery import choice_line, find_drafters, hub_cache_dir, pick
-    from mlxspec.loading import MODELS_DIR
+    from mlxspec.loading import DEFAULT_TARGET, MODELS_DIR
 
     path, name = _cached_target(model)
-    shipped = [(MODELS_DIR / kind) for kind in ("dflash", "eagle", "draft")] if not model else []
+    embedded = path.resolve() == Path(DEFAULT_TARGET).resolve()  # also when named by its path
+    shipped = [(MODELS_DIR / kind) for kind in ("dflash", "eagle", "draft")] if embedded else []
     shipped = [("embedded", path) for path in shipped if path.is_dir()]  # `--eagle embedded` and so on
     candidates = find_drafters(path, name, also=shipped)
     chosen = pick(candidates)

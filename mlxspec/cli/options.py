@@ -24,7 +24,9 @@ def num_draft_option(ctx, param, value):
 
 MODEL_OPTIONS = [
     click.option(
-        "--model", default=None, help="Target: an mlx-lm model directory or HF repo id [default: embedded target]."
+        "--model",
+        default=None,
+        help="Target: an mlx-lm model directory, a GGUF file (converted once) or an HF repo id [default: embedded].",
     ),
     click.option(
         "--draft",
