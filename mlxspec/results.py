@@ -65,14 +65,21 @@ class Stats:
     def prompt_tokens_per_second(self) -> float:
         return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
 
+    @property
+    def alpha_text(self) -> str:
+        """alpha for a stats line: nothing drafted has no rate, so "-" rather than a 0.00 that reads as a failing
+        drafter (generate -v, chat's /stats and the server's log alike; --json and usage say null)."""
+        return f"{self.acceptance_rate:.2f}" if self.drafted else "-"
+
+    @property
+    def tau_text(self) -> str:
+        return f"{self.tokens_per_target_call:.2f}" if self.generated_tokens else "-"
+
     def line(self) -> str:
         """The one stats line (generate -v, chat, the server's log): key=value pairs a script can split."""
         tree = f"tree_nodes={self.tree_nodes} " if self.tree_nodes else ""
-        # Nothing drafted or generated has no rate: "-" rather than a 0.00 that reads as a failing drafter
-        alpha = f"{self.acceptance_rate:.2f}" if self.drafted else "-"
-        tau = f"{self.tokens_per_target_call:.2f}" if self.generated_tokens else "-"
         return (
-            f"mode={self.mode} k={self.num_draft} seed={self.seed} alpha={alpha} tau={tau} "
+            f"mode={self.mode} k={self.num_draft} seed={self.seed} alpha={self.alpha_text} tau={self.tau_text} "
             f"gen={self.tokens_per_second:.1f} tok/s prompt={self.prompt_tokens_per_second:.1f} tok/s "
             f"tokens={self.generated_tokens} target_calls={self.target_calls} {tree}"
             f"kernel={self.kernel.split(' ')[0].rstrip(':') or 'off'} dtype={self.dtype or '-'} "
@@ -83,6 +90,7 @@ class Stats:
         out = asdict(self)
         for name in ("acceptance_rate", "tokens_per_target_call", "tokens_per_second", "prompt_tokens_per_second"):
             out[name] = getattr(self, name)
+        out["acceptance_rate"] = self.acceptance_rate if self.drafted else None  # nothing drafted: no rate
         return out
 
 

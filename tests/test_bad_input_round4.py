@@ -527,3 +527,16 @@ def test_drafters_takes_a_gguf_file(cli_run, tmp_path):
     code, out, err = cli_run("drafters", "--model", str(path), "--all")
     assert code == 0 and "Traceback" not in err, err
     assert str(path) in out
+
+
+def test_a_plain_run_reports_no_acceptance_rate_alike_everywhere(cli_run, spec):
+    """Plain runs said acceptance_rate 0.0 in --json and alpha=0.00 in chat -v, but alpha=- in generate -v."""
+    from mlxspec.serve.chat import stats_line
+    from mlxspec.serve.openai_api import usage
+
+    code, out, err = cli_run(*G, "--json", "--no-draft")
+    assert code == 0, err
+    assert json.loads(out)["stats"]["acceptance_rate"] is None
+    stats = spec.generate("def f(", max_tokens=4, use_draft=False, lookup=False).stats
+    assert "alpha=-" in stats.line() and "alpha=-" in stats_line(stats)
+    assert usage(stats)["speculative"]["acceptance_rate"] is None

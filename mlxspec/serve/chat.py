@@ -19,7 +19,7 @@ HELP = "/reset starts over, /stats shows the last answer's numbers, /exit leaves
 
 def stats_line(stats) -> str:
     return (
-        f"alpha={stats.acceptance_rate:.2f} tau={stats.tokens_per_target_call:.2f} "
+        f"alpha={stats.alpha_text} tau={stats.tau_text} "
         f"gen={stats.tokens_per_second:.1f} tok/s tokens={stats.generated_tokens} mode={stats.mode} "
         f"prompt={stats.prompt_tokens} reused={stats.reused_tokens} ({stats.prompt_cache}) "
         f"prefill={stats.prompt_seconds * 1000:.0f} ms"

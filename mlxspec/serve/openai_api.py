@@ -27,7 +27,7 @@ def usage(stats: Stats) -> dict:
             "num_draft": stats.num_draft,
             "drafted": stats.drafted,
             "accepted": stats.accepted,
-            "acceptance_rate": round(stats.acceptance_rate, 4),
+            "acceptance_rate": round(stats.acceptance_rate, 4) if stats.drafted else None,  # nothing drafted
             "tokens_per_target_call": round(stats.tokens_per_target_call, 4),
             "batch_rows": round(stats.batch_rows, 2),
             "tokens_per_second": round(stats.tokens_per_second, 2),
