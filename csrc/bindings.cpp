@@ -34,5 +34,7 @@ NB_MODULE(_verify_kernel, m) {
         "mx.logsumexp of each float32 row [N, V] -> [N], bit for bit as MLX's x86 CPU build computes it.");
   m.def("top_candidates", &mlxspec::top_candidates, "x"_a, "count"_a, nb::kw_only(), "stream"_a = nb::none(),
         "(values [N, C], indices [N, C] uint32): each row's C largest, best first, ties by lower index.");
+  m.def("affine_reference", &mlxspec::affine_reference, "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a,
+        "bits"_a, "The scalar reference of verify_qmatmul, accumulated in double (for the tests).");
   m.def("threads", &mlxspec::kernel_threads, "Threads the kernel splits its columns over.");
 }

@@ -2,8 +2,9 @@
 //
 // Layout of the work: the output columns (weight rows) are split into one contiguous range per
 // thread, depending only on N. Each thread walks its range kColBlock weight rows at a time, turns
-// them into float rows once (a no-op for float32; bf16 widening or affine dequantization
-// otherwise), and multiplies them with every row of x while they are hot in cache. So memory
+// them into float rows once (a no-op for float32; bf16 widening otherwise), and multiplies them with
+// every row of x while they are hot in cache. Affine-quantized weights are multiplied in registers
+// instead (matmul_affine.cpp). So memory
 // holds each weight once for all M rows. Every dot product is one chain of 16-lane FMAs followed
 // by the same reduction tree, so its bits never depend on M, on the tile, or on the thread.
 #include "verify_matmul.h"
@@ -15,9 +16,11 @@
 #include <thread>
 
 #include "mlx/allocator.h"
+#include "mlx/transforms.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
 #include "cpu_common.h"
+#include "matmul_affine.h"
 #include "thread_pool.h"
 
 namespace mlxspec {
@@ -151,54 +154,6 @@ struct DenseHalf {
   }
 };
 
-// 16 consecutive 4-bit values from 8 bytes; value 2b sits in the low nibble of byte b.
-inline vfloat unpack4(const uint8_t* p) {
-  vbyte b = {};
-  std::memcpy(&b, p, 8);
-  vbyte pairs = __builtin_shufflevector(b, b, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  const vint shift = {0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4};
-  vint q = (__builtin_convertvector(pairs, vint) >> shift) & 15;
-  return __builtin_convertvector(q, vfloat);
-}
-
-inline vfloat unpack8(const uint8_t* p) {
-  vbyte b;
-  std::memcpy(&b, p, sizeof(b));
-  return __builtin_convertvector(__builtin_convertvector(b, vint), vfloat);
-}
-
-// w = scale * q + bias per group of group_size values along K (K is a multiple of the group).
-template <typename Scale, int Bits>
-struct Affine {
-  const uint8_t* w;
-  const Scale* scales;
-  const Scale* biases;
-  int64_t k;
-  int64_t group_size;
-  Prefetch raw(int64_t row, int64_t count) const {
-    return {reinterpret_cast<const char*>(w + row * k * Bits / 8), count * k * Bits / 8};
-  }
-  void rows(int64_t row, int count, int64_t kp, float* scratch, const float** out) const {
-    const int64_t groups = k / group_size;
-    const int64_t row_bytes = k * Bits / 8;
-    for (int j = 0; j < count; ++j) {
-      const uint8_t* src = w + (row + j) * row_bytes;
-      const Scale* s = scales + (row + j) * groups;
-      const Scale* b = biases + (row + j) * groups;
-      float* dst = scratch + j * kp;
-      for (int64_t g = 0; g < groups; ++g) {
-        const float scale = static_cast<float>(s[g]);
-        const float bias = static_cast<float>(b[g]);
-        for (int64_t c = g * group_size; c < (g + 1) * group_size; c += kLanes) {
-          vfloat q = Bits == 4 ? unpack4(src + c / 2) : unpack8(src + c);
-          store(dst + c, q * scale + bias);
-        }
-      }
-      out[j] = dst;
-    }
-  }
-};
-
 thread_local std::vector<float> tls_scratch;
 
 // y[m][n] (float) = x_padded[m][kp] @ weights.T over the columns [col_begin, col_end).
@@ -271,16 +226,19 @@ struct Problem {
 };
 
 template <typename Scale>
-void run_affine(const Problem& p, const float* xp, int64_t kp, float* y) {
-  const auto* w = reinterpret_cast<const uint8_t*>(p.w);
-  const auto* s = reinterpret_cast<const Scale*>(p.scales);
-  const auto* b = reinterpret_cast<const Scale*>(p.biases);
-  const int64_t bytes = p.n * p.k * p.bits / 8;
-  if (p.bits == 4) {
-    multiply(Affine<Scale, 4>{w, s, b, p.k, p.group_size}, xp, p.m, kp, p.n, bytes, y);
-  } else {
-    multiply(Affine<Scale, 8>{w, s, b, p.k, p.group_size}, xp, p.m, kp, p.n, bytes, y);
-  }
+void run_affine(const Problem& p, const float* xp, float* y) {
+  // Quantized K is a multiple of the group (>= 32), so x needs no padding: the rows are xp as they are.
+  affine_matmul(
+      xp,
+      p.m,
+      p.k,
+      p.n,
+      reinterpret_cast<const uint8_t*>(p.w),
+      reinterpret_cast<const Scale*>(p.scales),
+      reinterpret_cast<const Scale*>(p.biases),
+      p.group_size,
+      p.bits,
+      y);
 }
 
 thread_local std::vector<float> tls_x;
@@ -315,9 +273,9 @@ void run_problem(const Problem& p) {
     }
   } else {
     switch (p.w_dtype) {
-      case float32: run_affine<float>(p, xp, kp, y); break;
-      case bfloat16: run_affine<bfloat16_t>(p, xp, kp, y); break;
-      default: run_affine<float16_t>(p, xp, kp, y); break;
+      case float32: run_affine<float>(p, xp, y); break;
+      case bfloat16: run_affine<bfloat16_t>(p, xp, y); break;
+      default: run_affine<float16_t>(p, xp, y); break;
     }
   }
   if (p.x_dtype == bfloat16) narrow_rows(y, p.m * p.n, reinterpret_cast<bfloat16_t*>(p.out));
@@ -399,6 +357,31 @@ array verify_qmatmul(
        contiguous(w, false, stream),
        contiguous(scales, false, stream),
        contiguous(biases, false, stream)});
+}
+
+array affine_reference(
+    const array& x, const array& w, const array& scales, const array& biases, int group_size, int bits) {
+  array xf = astype(x, float32, Device::cpu);
+  std::vector<array> inputs{xf, w, scales, biases};
+  eval(inputs);
+  const int64_t k = xf.shape(-1), m = int64_t(xf.size()) / k, n = w.shape(0);
+  std::vector<float> y(m * n);
+  const auto* codes = w.data<uint8_t>();
+  switch (scales.dtype()) {
+    case float32:
+      affine_matmul_reference(xf.data<float>(), m, k, n, codes, scales.data<float>(), biases.data<float>(),
+                              group_size, bits, y.data());
+      break;
+    case bfloat16:
+      affine_matmul_reference(xf.data<float>(), m, k, n, codes, scales.data<bfloat16_t>(), biases.data<bfloat16_t>(),
+                              group_size, bits, y.data());
+      break;
+    default:
+      affine_matmul_reference(xf.data<float>(), m, k, n, codes, scales.data<float16_t>(), biases.data<float16_t>(),
+                              group_size, bits, y.data());
+      break;
+  }
+  return array(y.begin(), Shape{int(m), int(n)}, float32);
 }
 
 void VerifyMatmul::eval_cpu(const std::vector<array>& inputs, array& out) {

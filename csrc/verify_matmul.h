@@ -25,6 +25,10 @@ array verify_qmatmul(
     int bits,
     StreamOrDevice s = {});
 
+// The scalar reference of verify_qmatmul (double accumulation, on the host): x [M, K] -> [M, N] float32.
+array affine_reference(
+    const array& x, const array& w, const array& scales, const array& biases, int group_size, int bits);
+
 // The number of threads the kernel splits the output columns over.
 int kernel_threads();
 

@@ -15,7 +15,7 @@ def scripted(monkeypatch, spreads: list[float]) -> list[float]:
     """measure_curve replaced by curves of the given spreads, one per call; returns the spreads measured so far."""
     calls: list[float] = []
 
-    def measure(target, draft, sizes=(1, 2), context=256, repeats=7):
+    def measure(target, draft, sizes=(1, 2), context=256, repeats=7, why=""):
         spread = spreads[len(calls)]
         calls.append(spread)
         return CostCurve({n: 0.01 * n for n in sizes}, 0.001, context, "test", spread=spread)
