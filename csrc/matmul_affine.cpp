@@ -11,6 +11,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "mlx/types/bf16.h"
 #include "mlx/types/half_types.h"
 #include "cpu_common.h"
@@ -39,23 +43,67 @@ inline float reduce(vfloat v) {  // one fixed order for every dot product
   return lanes[0];
 }
 
-inline vfloat widen(vbyte16 b) {
+// 16 codes (bytes) to float lanes. The path is chosen by the CPU the kernel is built for (-march=native): GCC
+// turns the generic conversion into a byte-by-byte extraction for the upper 8 codes on AVX2 (10x slower), so
+// AVX-512 and AVX2 widen with their own instructions; the generic vector code serves other CPUs (NEON, portable).
+#if defined(__AVX512F__)
+inline vfloat widen(__m128i b) {
+  return (vfloat)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+}
+#elif defined(__AVX2__)
+typedef float vfloat8 __attribute__((vector_size(32)));
+inline vfloat widen(__m128i b) {
+  const vfloat8 low = (vfloat8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+  const vfloat8 high = (vfloat8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+  return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+#endif
+
+// A float in every lane. GCC builds `vector * scalar` on 64-byte vectors without AVX-512 lane by lane through
+// the stack (most of the time a 4-bit tile took), so the scale and bias are broadcast once per group.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+inline vfloat splat(float value) {
+  const vfloat8 half = (vfloat8)_mm256_set1_ps(value);
+  return __builtin_shufflevector(half, half, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+#else
+inline vfloat splat(float value) {
+  vfloat v;
+  for (int i = 0; i < kLanes; ++i) v[i] = value;
+  return v;
+}
+#endif
+
+#if defined(__AVX2__)
+// Codes of 32 values at 4 bits (16 bytes): the even values (low nibbles), then the odd ones (high nibbles).
+inline void codes4(const uint8_t* p, vfloat& even, vfloat& odd) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i nibble = _mm_set1_epi8(15);
+  even = widen(_mm_and_si128(b, nibble));
+  odd = widen(_mm_and_si128(_mm_srli_epi16(b, 4), nibble));
+}
+
+inline vfloat codes8(const uint8_t* p) {
+  return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#else
+inline vfloat widen_bytes(vbyte16 b) {
   return __builtin_convertvector(__builtin_convertvector(b, vint), vfloat);
 }
 
-// Codes of 32 values at 4 bits (16 bytes): the even values, then the odd ones.
 inline void codes4(const uint8_t* p, vfloat& even, vfloat& odd) {
   vbyte16 b;
   std::memcpy(&b, p, sizeof(b));
-  even = widen(b & 15);
-  odd = widen(b >> 4);
+  even = widen_bytes(b & 15);
+  odd = widen_bytes(b >> 4);
 }
 
 inline vfloat codes8(const uint8_t* p) {
   vbyte16 b;
   std::memcpy(&b, p, sizeof(b));
-  return widen(b);
+  return widen_bytes(b);
 }
+#endif
 
 template <typename Scale>
 struct Rows {
@@ -65,97 +113,137 @@ struct Rows {
   int64_t row_bytes, groups, group_size;
 };
 
-// out[i * ldo + j] for RB rows of x (permuted, kp = k) and CB weight rows from `first`.
+#if defined(__AVX2__)
+// The AVX2 tile, in its own 8-lane registers (64-byte generic vectors spill on AVX2's 16 registers): RB rows of x
+// (permuted to the codes' order) and CB weight rows from `first`. Each 16 bytes of codes are widened, dequantized
+// (scale * q + bias, one FMA per 8 lanes) and multiplied into two accumulators per (row, weight row).
+inline __m256 widen8(__m128i bytes) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+}
+
+inline float reduce8(__m256 a, __m256 b) {  // one fixed order for every dot product
+  const __m256 sum = _mm256_add_ps(a, b);
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+  const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_movehdup_ps(quarter)));
+}
+
 template <int Bits, int RB, int CB, typename Scale>
-void tile(const Rows<Scale>& r, const float* x, const float* xsum, int64_t k, int64_t first, float* out, int64_t ldo) {
-  vfloat total[RB][CB] = {};
+void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
+  __m256 acc[RB][CB][2];
+  for (int i = 0; i < RB; ++i)
+    for (int j = 0; j < CB; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+  const uint8_t* w[CB];
+  for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
+  const __m128i nibble = _mm_set1_epi8(15);
+  constexpr int kPerChunk = Bits == 4 ? 32 : 16;  // values per 16 bytes of codes
+  for (int64_t g = 0; g < r.groups; ++g) {
+    float scale[CB], bias[CB];
+    for (int j = 0; j < CB; ++j) {
+      scale[j] = static_cast<float>(r.scales[(first + j) * r.groups + g]);
+      bias[j] = static_cast<float>(r.biases[(first + j) * r.groups + g]);
+    }
+    for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += kPerChunk) {
+      for (int j = 0; j < CB; ++j) {
+        const __m256 s = _mm256_set1_ps(scale[j]), b = _mm256_set1_ps(bias[j]);
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + (Bits == 4 ? c / 2 : c)));
+        if constexpr (Bits == 4) {
+          const __m128i even = _mm_and_si128(bytes, nibble), odd = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+          const __m256 q0 = _mm256_fmadd_ps(widen8(even), s, b);
+          const __m256 q1 = _mm256_fmadd_ps(widen8(_mm_srli_si128(even, 8)), s, b);
+          const __m256 q2 = _mm256_fmadd_ps(widen8(odd), s, b);
+          const __m256 q3 = _mm256_fmadd_ps(widen8(_mm_srli_si128(odd, 8)), s, b);
+          for (int i = 0; i < RB; ++i) {
+            const float* xi = x + i * k + c;
+            acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
+            acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
+            acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 16), q2, acc[i][j][0]);
+            acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 24), q3, acc[i][j][1]);
+          }
+        } else {
+          const __m256 q0 = _mm256_fmadd_ps(widen8(bytes), s, b);
+          const __m256 q1 = _mm256_fmadd_ps(widen8(_mm_srli_si128(bytes, 8)), s, b);
+          for (int i = 0; i < RB; ++i) {
+            const float* xi = x + i * k + c;
+            acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
+            acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
+          }
+        }
+      }
+    }
+  }
+  for (int i = 0; i < RB; ++i) {
+    for (int j = 0; j < CB; ++j) out[i * ldo + j] = reduce8(acc[i][j][0], acc[i][j][1]);
+  }
+}
+#else
+// The portable tile in the extension's 16-lane vectors: each weight chunk dequantized in registers (scale * q +
+// bias), then multiplied into every row's accumulator.
+template <int Bits, int RB, int CB, typename Scale>
+void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
+  vfloat acc[RB][CB] = {};
   const uint8_t* w[CB];
   for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
   constexpr int kPerChunk = Bits == 4 ? 32 : 16;  // values per 16 bytes of codes
   for (int64_t g = 0; g < r.groups; ++g) {
-    vfloat acc[RB][CB] = {};
+    vfloat scale[CB], bias[CB];
+    for (int j = 0; j < CB; ++j) {
+      scale[j] = splat(static_cast<float>(r.scales[(first + j) * r.groups + g]));
+      bias[j] = splat(static_cast<float>(r.biases[(first + j) * r.groups + g]));
+    }
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += kPerChunk) {
-      if constexpr (Bits == 4) {
-        vfloat even[CB], odd[CB];
-        for (int j = 0; j < CB; ++j) codes4(w[j] + c / 2, even[j], odd[j]);
-        for (int i = 0; i < RB; ++i) {
-          const vfloat xe = load(x + i * k + c), xo = load(x + i * k + c + kLanes);
-          for (int j = 0; j < CB; ++j) {
-            acc[i][j] += xe * even[j];
-            acc[i][j] += xo * odd[j];
+      for (int j = 0; j < CB; ++j) {
+        if constexpr (Bits == 4) {
+          vfloat even, odd;
+          codes4(w[j] + c / 2, even, odd);
+          even = even * scale[j] + bias[j];
+          odd = odd * scale[j] + bias[j];
+          for (int i = 0; i < RB; ++i) {
+            acc[i][j] += load(x + i * k + c) * even;
+            acc[i][j] += load(x + i * k + c + kLanes) * odd;
           }
-        }
-      } else {
-        vfloat q[CB];
-        for (int j = 0; j < CB; ++j) q[j] = codes8(w[j] + c);
-        for (int i = 0; i < RB; ++i) {
-          const vfloat xv = load(x + i * k + c);
-          for (int j = 0; j < CB; ++j) acc[i][j] += xv * q[j];
+        } else {
+          const vfloat q = codes8(w[j] + c) * scale[j] + bias[j];
+          for (int i = 0; i < RB; ++i) acc[i][j] += load(x + i * k + c) * q;
         }
       }
     }
-    for (int j = 0; j < CB; ++j) {
-      const float scale = static_cast<float>(r.scales[(first + j) * r.groups + g]);
-      for (int i = 0; i < RB; ++i) total[i][j] += acc[i][j] * scale;
-    }
   }
   for (int i = 0; i < RB; ++i) {
-    for (int j = 0; j < CB; ++j) {
-      const Scale* bias = r.biases + (first + j) * r.groups;
-      float biased = 0.0f;  // sum over groups of bias * sum(x over the group), in group order
-      for (int64_t g = 0; g < r.groups; ++g) biased += static_cast<float>(bias[g]) * xsum[i * r.groups + g];
-      out[i * ldo + j] = reduce(total[i][j]) + biased;
-    }
+    for (int j = 0; j < CB; ++j) out[i * ldo + j] = reduce(acc[i][j]);
   }
 }
+#endif
 
 template <int Bits, int RB, typename Scale>
-void tile_columns(const Rows<Scale>& r, const float* x, const float* xsum, int64_t k, int64_t c, int cb, float* out,
-                  int64_t ldo) {
-  // Four weight rows a tile while few rows of x share them, two when more do (the accumulators must stay in
-  // registers); either way each (i, j) pair is the same sequence of operations.
-  constexpr int CB = RB <= 2 ? 4 : 2;
-  for (int64_t done = 0; done < cb;) {
-    const int step = int(std::min<int64_t>(CB, cb - done));
-    const int64_t first = c + done;
-    if (step == 4) {
-      tile<Bits, RB, (CB >= 4 ? 4 : 1)>(r, x, xsum, k, first, out + done, ldo);
-    } else if (step == 3) {
-      tile<Bits, RB, (CB >= 3 ? 3 : 1)>(r, x, xsum, k, first, out + done, ldo);
-    } else if (step == 2) {
-      tile<Bits, RB, 2>(r, x, xsum, k, first, out + done, ldo);
+void tile_columns(const Rows<Scale>& r, const float* x, int64_t k, int64_t c, int cb, float* out, int64_t ldo) {
+  for (int64_t done = 0; done < cb; done += 2) {  // two weight rows a tile: the accumulators stay in registers
+    if (cb - done >= 2) {
+      tile<Bits, RB, 2>(r, x, k, c + done, out + done, ldo);
     } else {
-      tile<Bits, RB, 1>(r, x, xsum, k, first, out + done, ldo);
+      tile<Bits, RB, 1>(r, x, k, c + done, out + done, ldo);
     }
-    done += step;
   }
 }
 
 constexpr int kColumns = 4;  // weight rows a thread takes at a time (a multiple of every tile's CB)
 
 template <int Bits, typename Scale>
-void multiply_columns(const Rows<Scale>& r, const float* x, const float* xsum, int64_t m, int64_t k, int64_t n,
-                      int64_t begin, int64_t end, float* y) {
+void multiply_columns(const Rows<Scale>& r, const float* x, int64_t m, int64_t k, int64_t n, int64_t begin,
+                      int64_t end, float* y) {
   for (int64_t c = begin; c < end; c += kColumns) {
     const int cb = int(std::min<int64_t>(kColumns, end - c));
-    for (int64_t i = 0; i < m;) {
-      const int64_t rows = std::min<int64_t>(4, m - i);
-      const float* xi = x + i * k;
-      const float* si = xsum + i * r.groups;
-      float* yi = y + i * n + c;
-      switch (rows) {
-        case 4: tile_columns<Bits, 4>(r, xi, si, k, c, cb, yi, n); break;
-        case 3: tile_columns<Bits, 3>(r, xi, si, k, c, cb, yi, n); break;
-        case 2: tile_columns<Bits, 2>(r, xi, si, k, c, cb, yi, n); break;
-        default: tile_columns<Bits, 1>(r, xi, si, k, c, cb, yi, n); break;
+    for (int64_t i = 0; i < m; i += 2) {  // two rows of x a tile (AVX2 has 16 vector registers)
+      if (m - i >= 2) {
+        tile_columns<Bits, 2>(r, x + i * k, k, c, cb, y + i * n + c, n);
+      } else {
+        tile_columns<Bits, 1>(r, x + i * k, k, c, cb, y + i * n + c, n);
       }
-      i += rows;
     }
   }
 }
 
 thread_local std::vector<float> tls_permuted;
-thread_local std::vector<float> tls_sums;
 
 }  // namespace
 
@@ -173,9 +261,7 @@ void affine_matmul(
     float* y) {
   const int64_t groups = k / group_size;
   if (tls_permuted.size() < size_t(m * k)) tls_permuted.resize(m * k);
-  if (tls_sums.size() < size_t(m * groups)) tls_sums.resize(m * groups);
   float* xp = tls_permuted.data();
-  float* xsum = tls_sums.data();
   for (int64_t i = 0; i < m; ++i) {
     const float* src = x + i * k;
     float* dst = xp + i * k;
@@ -189,20 +275,15 @@ void affine_matmul(
     } else {
       std::memcpy(dst, src, k * sizeof(float));
     }
-    for (int64_t g = 0; g < groups; ++g) {
-      float sum = 0.0f;
-      for (int64_t c = g * group_size; c < (g + 1) * group_size; ++c) sum += src[c];
-      xsum[i * groups + g] = sum;
-    }
   }
   const Rows<Scale> rows{w, scales, biases, k * bits / 8, groups, group_size};
   const int64_t weight_bytes = n * k * bits / 8;
   const int parts = weight_bytes < kParallelBytes ? 1 : kernel_pool().threads();
   auto run = [&](int64_t begin, int64_t end) {
     if (bits == 4) {
-      multiply_columns<4>(rows, xp, xsum, m, k, n, begin, end, y);
+      multiply_columns<4>(rows, xp, m, k, n, begin, end, y);
     } else {
-      multiply_columns<8>(rows, xp, xsum, m, k, n, begin, end, y);
+      multiply_columns<8>(rows, xp, m, k, n, begin, end, y);
     }
   };
   if (parts == 1) {

@@ -191,3 +191,26 @@ def test_greedy_speculation_through_the_kernel_equals_plain_decoding_through_it(
     assert speculative == plain
     assert engines[0].target_calls < 24  # drafts were accepted: fewer target forwards than tokens
     assert_greedy_equal(target, prompt, plain, mlx_lm_greedy(target, prompt, 24))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("scale_dtype", [mx.float32, mx.bfloat16, mx.float16], ids=["f32", "bf16", "f16"])
+def test_the_quantized_path_matches_its_scalar_reference_at_every_row_count(bits, group_size, scale_dtype):
+    """The vector path (csrc/matmul_affine.cpp: codes widened and dequantized in registers) against the scalar
+    reference beside it (double accumulation over MLX's packed layout, value 2b in the low nibble of byte b), for
+    M = 1..32 with ragged N and a K of 3 or 5 groups. Tolerance: float32 accumulation over K <= 640 terms of
+    magnitude ~1, 2e-5 relative to the largest output; a misread nibble or group is off by O(1)."""
+    if not hasattr(BACKEND.module, "affine_reference"):
+        pytest.fail("the kernel was built without its scalar reference; reinstall (pip install -e .)")
+    mx.random.seed(bits + group_size)
+    for n, groups in ((1, 3), (5, 5), (37, 3)):
+        k = group_size * groups
+        q, scales, biases = quantized(n, k, group_size, bits, scale_dtype)
+        x = mx.random.normal((32, k))
+        reference = BACKEND.module.affine_reference(x, q, scales, biases, group_size, bits)
+        largest = mx.abs(reference).max().item()
+        for m in (1, 2, 3, 4, 5, 8, 17, 32):
+            got = BACKEND.qmatmul(x[:m], q, scales, biases, group_size, bits)
+            error = mx.abs(got - reference[:m]).max().item()
+            assert error <= 2e-5 * max(largest, 1.0), (n, k, m, error, largest)
