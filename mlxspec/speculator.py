@@ -304,7 +304,9 @@ class Speculator:
         prompt = [t % self.vocab_size for t in range(1, 9)]
         suffix_index = self.suffix_index
         for temperature in (0.0, 0.7):
-            options = self.options.updated(max_tokens=2, temperature=temperature, logprobs=None, stop=[])
+            options = self.options.updated(
+                max_tokens=2, temperature=temperature, logprobs=None, stop=[], chat=False, heal=False
+            )
             for _ in self.stream(prompt, options.updated(seed=0) if temperature else options):
                 pass
         if self.prompt_cache is not None:

@@ -310,6 +310,34 @@ def test_a_rank_whose_peer_never_starts_stops_with_one_line_naming_it(tiny_dirs,
     assert lines[0].startswith("mlxspec: error: rank 0 waited 3 s") and f"not listening: 1 ({peer})" in lines[0]
 
 
+# Libraries the command maps while mlx-lm and transformers are being imported in Python (Pillow's, then tokenizers'),
+# after MLX's own C++ extension has loaded.
+LOADING_MARKS = ("_imaging", "tokenizers")
+
+
+def wait_until_loading(pid: int) -> None:
+    """Until the child is importing mlx-lm (Linux: a library of LOADING_MARKS in /proc maps), which is when this test
+    interrupts it. A fixed 0.5 s landed, on a loaded machine, in the interpreter's own start-up or inside MLX's C++
+    extension init, which no Python program turns into KeyboardInterrupt (exit -2, -6, or an ImportError from
+    nanobind). Elsewhere, 0.5 s as before."""
+    import time
+
+    maps = f"/proc/{pid}/maps"
+    if not os.path.exists(maps):
+        time.sleep(0.5)
+        return
+    deadline = time.monotonic() + HANG_LIMIT
+    while time.monotonic() < deadline:
+        try:
+            with open(maps) as f:
+                mapped = f.read()
+        except OSError:
+            return
+        if any(mark in mapped for mark in LOADING_MARKS):
+            return
+        time.sleep(0.005)
+
+
 def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback(tiny_dirs):
     """Interrupted in the first second, while MLX and mlx-lm are still being imported."""
     import signal
@@ -321,7 +349,7 @@ def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback(tiny_dirs)
     # an ignored SIGINT, and then Python never turns Ctrl-C into KeyboardInterrupt at all (seen in .ci/run here).
     restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, preexec_fn=restore)
-    time.sleep(0.5)
+    wait_until_loading(process.pid)
     process.send_signal(signal.SIGINT)
     err = process.communicate(timeout=HANG_LIMIT)[1].decode()
     assert process.returncode == 130 and "Traceback" not in err, (process.returncode, err)
