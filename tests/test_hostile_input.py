@@ -341,7 +341,6 @@ def wait_until_loading(pid: int) -> None:
 def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback(tiny_dirs):
     """Interrupted in the first second, while MLX and mlx-lm are still being imported."""
     import signal
-    import time
 
     env = {**os.environ, "MLXSPEC_NO_OPENBLAS": "1"}
     command = [sys.executable, "-m", "mlxspec", *G, "--model", str(tiny_dirs["target"])]
