@@ -19,7 +19,6 @@ conversion (dest/<name>/) is trusted only when its marker names that file's sha2
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import subprocess
 import sys
@@ -71,14 +70,6 @@ def real_dir() -> Path:
     return Path(os.environ.get("MLXSPEC_REAL_DIR") or ROOT / ".real")
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def expected_sha256(spec: RealFile, gguf: Path) -> str | None:
     if spec.sha256:
         return spec.sha256
@@ -91,7 +82,9 @@ def check(spec: RealFile, path: Path, shown: Path) -> str:
     size = path.stat().st_size
     if size != spec.size:
         raise FetchError(f"'{shown}' holds {size} bytes, not {spec.size}: a damaged or partial download")
-    digest = sha256_of(path)
+    from mlxspec.gguf.convert import file_hash
+
+    digest = file_hash(path)
     expected = expected_sha256(spec, shown)
     if expected is not None and digest != expected:
         raise FetchError(f"'{shown}' has sha256 {digest[:16]}..., not the expected {expected[:16]}...")
