@@ -24,9 +24,13 @@ namespace mlxspec {
 
 namespace {
 
-typedef uint8_t vbyte16 __attribute__((vector_size(16)));
-
 constexpr int64_t kParallelBytes = 1 << 18;  // below this many weight bytes a fork-join costs more than it saves
+
+#if !defined(__AVX2__)
+// The portable path's helpers, in the extension's 16-lane generic vectors (NEON and others). On AVX2 GCC compiles
+// these badly: it widens the upper 8 of 16 codes one byte at a time and builds `vector * scalar` broadcasts
+// through the stack (10x slower), so AVX2 has its own tile below.
+typedef uint8_t vbyte16 __attribute__((vector_size(16)));
 
 inline vfloat load(const float* p) {
   vfloat v;
@@ -43,54 +47,17 @@ inline float reduce(vfloat v) {  // one fixed order for every dot product
   return lanes[0];
 }
 
-// 16 codes (bytes) to float lanes. The path is chosen by the CPU the kernel is built for (-march=native): GCC
-// turns the generic conversion into a byte-by-byte extraction for the upper 8 codes on AVX2 (10x slower), so
-// AVX-512 and AVX2 widen with their own instructions; the generic vector code serves other CPUs (NEON, portable).
-#if defined(__AVX512F__)
-inline vfloat widen(__m128i b) {
-  return (vfloat)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
-}
-#elif defined(__AVX2__)
-typedef float vfloat8 __attribute__((vector_size(32)));
-inline vfloat widen(__m128i b) {
-  const vfloat8 low = (vfloat8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-  const vfloat8 high = (vfloat8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
-  return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-#endif
-
-// A float in every lane. GCC builds `vector * scalar` on 64-byte vectors without AVX-512 lane by lane through
-// the stack (most of the time a 4-bit tile took), so the scale and bias are broadcast once per group.
-#if defined(__AVX2__) && !defined(__AVX512F__)
-inline vfloat splat(float value) {
-  const vfloat8 half = (vfloat8)_mm256_set1_ps(value);
-  return __builtin_shufflevector(half, half, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-#else
 inline vfloat splat(float value) {
   vfloat v;
   for (int i = 0; i < kLanes; ++i) v[i] = value;
   return v;
 }
-#endif
 
-#if defined(__AVX2__)
-// Codes of 32 values at 4 bits (16 bytes): the even values (low nibbles), then the odd ones (high nibbles).
-inline void codes4(const uint8_t* p, vfloat& even, vfloat& odd) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i nibble = _mm_set1_epi8(15);
-  even = widen(_mm_and_si128(b, nibble));
-  odd = widen(_mm_and_si128(_mm_srli_epi16(b, 4), nibble));
-}
-
-inline vfloat codes8(const uint8_t* p) {
-  return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-#else
 inline vfloat widen_bytes(vbyte16 b) {
   return __builtin_convertvector(__builtin_convertvector(b, vint), vfloat);
 }
 
+// Codes of 32 values at 4 bits (16 bytes): the even values (low nibbles), then the odd ones (high nibbles).
 inline void codes4(const uint8_t* p, vfloat& even, vfloat& odd) {
   vbyte16 b;
   std::memcpy(&b, p, sizeof(b));
