@@ -272,8 +272,8 @@ class Speculator:
                 stats.note = f"{stats.note}; {full}" if stats.note else full
             piece, stopped = text.add(new_tokens, final=finish is not None)
             finish = "stop" if stopped else finish
-            if finish is not None and engine.controller is not None and engine.controller.pause_note():
-                paused = engine.controller.pause_note()
+            paused = engine.controller.pause_note() if finish is not None and engine.controller is not None else ""
+            if paused:
                 stats.note = f"{stats.note}; {paused}" if stats.note else paused
             stats.generation_seconds = time.perf_counter() - start
             stats.draft_calls = drafter.calls if drafter is not None else 0

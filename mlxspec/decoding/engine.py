@@ -187,19 +187,7 @@ class SpeculativeEngine:
             self.drafter_behind = False
             self.drafter.catch_up()
             self._mark_time = started = time.perf_counter()  # a one-off, not what this step length costs
-        draft = (
-            (
-                yield DraftRequest(
-                    self.drafter,
-                    budget,
-                    self.position_keys.draft_keys(
-                        self.sampling.greedy, self.coupled, self.generated, budget, draft_key
-                    ),
-                )
-            )
-            if budget > 0
-            else None
-        )
+        draft = (yield DraftRequest(self.drafter, budget, self._draft_keys(budget, draft_key))) if budget > 0 else None
         if draft is not None and self.room() is not None and draft.tokens.shape[0] > self.room():
             draft = None  # no room in the context to verify it: decode one token instead
         if budget > 0 and self.ranks is not None:  # (every rank has the same budget: it follows emitted tokens)
@@ -270,6 +258,9 @@ class SpeculativeEngine:
             mx.eval([c.state for c in self.cache])
         self._count_forward(width)
         self.position += width
+
+    def _draft_keys(self, budget: int, draft_key: mx.array | None) -> mx.array | None:
+        return self.position_keys.draft_keys(self.sampling.greedy, self.coupled, self.generated, budget, draft_key)
 
     def _row_keys(self, depths: list[int] | tuple[int, ...], coins: bool = False) -> mx.array | None:
         return self.position_keys.row_keys(self.sampling, self.generated, depths, coins)
