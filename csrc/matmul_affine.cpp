@@ -65,6 +65,18 @@ inline void codes4(const uint8_t* p, vfloat& even, vfloat& odd) {
   odd = widen_bytes(b >> 4);
 }
 
+// Sixteen codes of Bits (2, 3, 5 or 6) from 2 * Bits bytes of MLX's little-endian bit stream.
+template <int Bits>
+inline vfloat stream_codes(const uint8_t* p) {
+  vfloat v;
+  for (int half = 0; half < 2; ++half) {
+    uint64_t word = 0;
+    std::memcpy(&word, p + half * Bits, Bits);
+    for (int i = 0; i < 8; ++i) v[half * 8 + i] = float((word >> (Bits * i)) & ((1u << Bits) - 1));
+  }
+  return v;
+}
+
 inline vfloat codes8(const uint8_t* p) {
   vbyte16 b;
   std::memcpy(&b, p, sizeof(b));
@@ -75,6 +87,7 @@ inline vfloat codes8(const uint8_t* p) {
 template <typename Scale>
 struct Rows {
   const uint8_t* w;  // packed codes, row_bytes a row
+  const uint8_t* end;  // one past the last code byte
   const Scale* scales;
   const Scale* biases;
   int64_t row_bytes, groups, group_size;
@@ -95,8 +108,47 @@ inline float reduce8(__m256 a, __m256 b) {  // one fixed order for every dot pro
   return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_movehdup_ps(quarter)));
 }
 
+// Sixteen codes of Bits (2, 3, 5 or 6) from 2 * Bits bytes of MLX's little-endian bit stream, as two vectors of
+// eight: both halves of a register hold the 16 bytes read, each 32-bit lane takes the four bytes that hold its code
+// (one byte shuffle), shifts it down and masks it. One 16-byte load: narrower copies stall store forwarding.
+template <int Bits>
+struct StreamCodes {
+  __m256i select[2], shifts, mask;
+  StreamCodes() {
+    alignas(32) int8_t bytes[2][32];
+    alignas(32) int32_t shift[8];
+    for (int part = 0; part < 2; ++part) {
+      for (int i = 0; i < 8; ++i) {
+        const int first = Bits * i / 8;
+        for (int b = 0; b < 4; ++b) bytes[part][i * 4 + b] = int8_t(std::min(part * Bits + first + b, 15));
+        shift[i] = Bits * i - 8 * first;
+      }
+      select[part] = _mm256_load_si256(reinterpret_cast<const __m256i*>(bytes[part]));
+    }
+    shifts = _mm256_load_si256(reinterpret_cast<const __m256i*>(shift));
+    mask = _mm256_set1_epi32((1 << Bits) - 1);
+  }
+  void operator()(const uint8_t* p, const uint8_t* end, __m256& first, __m256& second) const {
+    __m128i bytes;
+    if (p + 16 <= end) {
+      bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else {  // the weights' last bytes: never read past them
+      alignas(16) uint8_t tail[16] = {};
+      std::memcpy(tail, p, 2 * Bits);
+      bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
+    }
+    const __m256i both = _mm256_broadcastsi128_si256(bytes);
+    first = code_lanes(_mm256_shuffle_epi8(both, select[0]));
+    second = code_lanes(_mm256_shuffle_epi8(both, select[1]));
+  }
+  __m256 code_lanes(__m256i spread) const {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(spread, shifts), mask));
+  }
+};
+
 template <int Bits, int RB, int CB, typename Scale>
 void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
+  static const StreamCodes<(Bits == 4 || Bits == 8) ? 2 : Bits> stream;
   __m256 acc[RB][CB][2];
   for (int i = 0; i < RB; ++i)
     for (int j = 0; j < CB; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
@@ -113,8 +165,19 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += kPerChunk) {
       for (int j = 0; j < CB; ++j) {
         const __m256 s = _mm256_set1_ps(scale[j]), b = _mm256_set1_ps(bias[j]);
-        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + (Bits == 4 ? c / 2 : c)));
-        if constexpr (Bits == 4) {
+        const __m128i bytes = Bits == 4 || Bits == 8
+            ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + c * Bits / 8)) : _mm_setzero_si128();
+        if constexpr (Bits != 4 && Bits != 8) {
+          __m256 q0, q1;
+          stream(w[j] + c * Bits / 8, r.end, q0, q1);
+          q0 = _mm256_fmadd_ps(q0, s, b);
+          q1 = _mm256_fmadd_ps(q1, s, b);
+          for (int i = 0; i < RB; ++i) {
+            const float* xi = x + i * k + c;
+            acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
+            acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
+          }
+        } else if constexpr (Bits == 4) {
           const __m128i even = _mm_and_si128(bytes, nibble), odd = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
           const __m256 q0 = _mm256_fmadd_ps(widen8(even), s, b);
           const __m256 q1 = _mm256_fmadd_ps(widen8(_mm_srli_si128(even, 8)), s, b);
@@ -160,7 +223,10 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
     }
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += kPerChunk) {
       for (int j = 0; j < CB; ++j) {
-        if constexpr (Bits == 4) {
+        if constexpr (Bits != 4 && Bits != 8) {
+          const vfloat q = stream_codes<Bits>(w[j] + c * Bits / 8) * scale[j] + bias[j];
+          for (int i = 0; i < RB; ++i) acc[i][j] += load(x + i * k + c) * q;
+        } else if constexpr (Bits == 4) {
           vfloat even, odd;
           codes4(w[j] + c / 2, even, odd);
           even = even * scale[j] + bias[j];
@@ -184,8 +250,11 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
 
 template <int Bits, int RB, typename Scale>
 void tile_columns(const Rows<Scale>& r, const float* x, int64_t k, int64_t c, int cb, float* out, int64_t ldo) {
-  for (int64_t done = 0; done < cb; done += 2) {  // two weight rows a tile: the accumulators stay in registers
-    if (cb - done >= 2) {
+  // Four rows of x take one weight row a tile, fewer take two: the accumulators stay in AVX2's 16 registers.
+  for (int64_t done = 0; done < cb; done += RB == 4 ? 1 : 2) {
+    if (RB == 4) {
+      tile<Bits, RB, 1>(r, x, k, c + done, out + done, ldo);
+    } else if (cb - done >= 2) {
       tile<Bits, RB, 2>(r, x, k, c + done, out + done, ldo);
     } else {
       tile<Bits, RB, 1>(r, x, k, c + done, out + done, ldo);
@@ -200,11 +269,16 @@ void multiply_columns(const Rows<Scale>& r, const float* x, int64_t m, int64_t k
                       int64_t end, float* y) {
   for (int64_t c = begin; c < end; c += kColumns) {
     const int cb = int(std::min<int64_t>(kColumns, end - c));
-    for (int64_t i = 0; i < m; i += 2) {  // two rows of x a tile (AVX2 has 16 vector registers)
-      if (m - i >= 2) {
+    for (int64_t i = 0; i < m;) {  // each weight chunk is widened once per tile: the more rows a tile, the fewer
+      if (m - i >= 4) {
+        tile_columns<Bits, 4>(r, x + i * k, k, c, cb, y + i * n + c, n);
+        i += 4;
+      } else if (m - i >= 2) {
         tile_columns<Bits, 2>(r, x + i * k, k, c, cb, y + i * n + c, n);
+        i += 2;
       } else {
         tile_columns<Bits, 1>(r, x + i * k, k, c, cb, y + i * n + c, n);
+        i += 1;
       }
     }
   }
@@ -243,14 +317,17 @@ void affine_matmul(
       std::memcpy(dst, src, k * sizeof(float));
     }
   }
-  const Rows<Scale> rows{w, scales, biases, k * bits / 8, groups, group_size};
+  const Rows<Scale> rows{w, w + n * k * bits / 8, scales, biases, k * bits / 8, groups, group_size};
   const int64_t weight_bytes = n * k * bits / 8;
   const int parts = weight_bytes < kParallelBytes ? 1 : kernel_pool().threads();
   auto run = [&](int64_t begin, int64_t end) {
-    if (bits == 4) {
-      multiply_columns<4>(rows, xp, m, k, n, begin, end, y);
-    } else {
-      multiply_columns<8>(rows, xp, m, k, n, begin, end, y);
+    switch (bits) {
+      case 2: multiply_columns<2>(rows, xp, m, k, n, begin, end, y); break;
+      case 3: multiply_columns<3>(rows, xp, m, k, n, begin, end, y); break;
+      case 4: multiply_columns<4>(rows, xp, m, k, n, begin, end, y); break;
+      case 5: multiply_columns<5>(rows, xp, m, k, n, begin, end, y); break;
+      case 6: multiply_columns<6>(rows, xp, m, k, n, begin, end, y); break;
+      default: multiply_columns<8>(rows, xp, m, k, n, begin, end, y); break;
     }
   };
   if (parts == 1) {
@@ -283,8 +360,9 @@ void affine_matmul_reference(
     for (int64_t j = 0; j < n; ++j) {
       double sum = 0.0;
       for (int64_t c = 0; c < k; ++c) {
-        const uint8_t byte = w[j * row_bytes + (bits == 4 ? c / 2 : c)];
-        const int q = bits == 8 ? byte : (c % 2 ? byte >> 4 : byte & 15);
+        const int64_t bit = (j * row_bytes) * 8 + c * bits;  // MLX's little-endian bit stream
+        const unsigned pair = w[bit / 8] | (bit / 8 + 1 < n * row_bytes ? unsigned(w[bit / 8 + 1]) << 8 : 0u);
+        const int q = int((pair >> (bit % 8)) & ((1u << bits) - 1));
         const int64_t g = j * groups + c / group_size;
         const double value = double(static_cast<float>(scales[g])) * q + double(static_cast<float>(biases[g]));
         sum += double(x[i * k + c]) * value;

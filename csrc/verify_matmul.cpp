@@ -331,8 +331,8 @@ array verify_qmatmul(
     int group_size,
     int bits,
     StreamOrDevice s) {
-  if (bits != 4 && bits != 8) {
-    throw std::invalid_argument("[verify_qmatmul] supports 4 and 8 bits.");
+  if (bits < 2 || bits > 8 || bits == 7) {
+    throw std::invalid_argument("[verify_qmatmul] supports 2, 3, 4, 5, 6 and 8 bits.");
   }
   if (group_size != 32 && group_size != 64 && group_size != 128) {
     throw std::invalid_argument("[verify_qmatmul] supports group sizes 32, 64 and 128.");
@@ -341,7 +341,7 @@ array verify_qmatmul(
     throw std::invalid_argument("[verify_qmatmul] expects packed uint32 weights [N, K * bits / 32].");
   }
   const int64_t k = int64_t(w.shape(1)) * 32 / bits;
-  if (x.shape(-1) != k || k % group_size != 0 || scales.shape() != Shape{w.shape(0), int(k / group_size)} ||
+  if (x.shape(-1) != k || k * bits != int64_t(w.shape(1)) * 32 || k % group_size != 0 || scales.shape() != Shape{w.shape(0), int(k / group_size)} ||
       biases.shape() != scales.shape()) {
     throw std::invalid_argument("[verify_qmatmul] x, w, scales and biases disagree in shape.");
   }

@@ -54,8 +54,8 @@ class LoadedModel:
         checkpoint in bf16, while on the CPU mlxspec widens it to float32, so their texts for a seed can differ."""
         from mlx.utils import tree_flatten
 
-        for _, value in tree_flatten(self.model.parameters()):
-            if mx.issubdtype(value.dtype, mx.floating):
+        for name, value in tree_flatten(self.model.parameters()):
+            if mx.issubdtype(value.dtype, mx.floating) and not name.endswith((".scales", ".biases")):
                 return str(value.dtype).removeprefix("mlx.core.")
         return "unknown"
 
@@ -182,10 +182,25 @@ def load_model(
             raise UserError(f"'{name}' is already quantized; drop --quantize-target")
         model, config = quantize_model(model, config, group_size, quantize_bits)
     if on_cpu():
-        # Quantized weights are integers and stay as they are; scales, norms and embeddings become float32.
-        model.set_dtype(mx.float32)
+        widen_for_cpu(model)
     mx.eval(model.parameters())
     return LoadedModel(model, tokenizer, config, path)
+
+
+def widen_for_cpu(model: nn.Module) -> None:
+    """Float32 for what the CPU computes in (half-precision arithmetic is emulated there): norms, float weights and
+    a quantized embedding's scales (its lookups are the hidden state). A quantized Linear's codes, scales and biases
+    stay as stored: the kernel widens them in registers, and float16 scales are half the bytes."""
+    for _, module in model.named_modules():
+        if isinstance(module, nn.QuantizedLinear):
+            continue
+        floats = {k: v.astype(mx.float32) for k, v in module.items() if isinstance(v, mx.array) and _half(v)}
+        if floats:
+            module.update(floats)
+
+
+def _half(value: mx.array) -> bool:
+    return mx.issubdtype(value.dtype, mx.floating) and value.dtype != mx.float32
 
 
 def _special_tokens(tokenizer: Any) -> dict[str, Any]:

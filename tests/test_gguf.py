@@ -57,8 +57,9 @@ def gguf_name(name: str, family: str) -> str:
             "lm_head.weight": "output.weight"}[name]  # fmt: skip
 
 
-def write_gguf(path, model, family: str):
-    """The model as llama.cpp's convert_hf_to_gguf.py writes it (F32 tensors)."""
+def write_gguf(path, model, family: str, raw_tensors: dict | None = None):
+    """The model as llama.cpp's convert_hf_to_gguf.py writes it (F32 tensors); raw_tensors: name -> (block type,
+    the blocks as the file holds them, rows already permuted) in place of those tensors."""
     import gguf
 
     config = model.config
@@ -89,6 +90,10 @@ def write_gguf(path, model, family: str):
     writer.add_unk_token_id(3)
     writer.add_pad_token_id(0)
     for name, weight in tree_flatten(model.parameters()):
+        if raw_tensors and name in raw_tensors:
+            type_name, raw = raw_tensors[name]
+            writer.add_tensor(gguf_name(name, family), raw, raw_dtype=gguf.GGMLQuantizationType[type_name])
+            continue
         value = np.array(weight, dtype=np.float32)
         if family.startswith("gemma") and name.endswith("norm.weight"):
             value = value + 1  # llama.cpp stores Gemma's norms as 1 + w
@@ -112,13 +117,14 @@ def test_a_gguf_converts_back_to_the_same_model(tmp_path, family):
     path = write_gguf(tmp_path / f"{family}.gguf", model, family)
     lines = []
     out = converted_dir(path, say=lines.append)
-    assert len(lines) == 2 and str(out) in lines[1]  # progress, then one line saying where it went
+    # what it does, what became of each block type (all F32 here, kept), then where it went
+    assert len(lines) == 3 and lines[1].startswith("F32: ") and lines[1].endswith("exact") and str(out) in lines[2]
     converted, tokenizer = load(str(out))
     converted.set_dtype(mx.float32)  # stored in float16 (float16-exact weights), computed as mlxspec does
     tokens = mx.array([[2, 5, 6, 7, 8, 9, 10, 11, 12, 5, 6]])
     expected, got = model(tokens), converted(tokens)
     assert np.allclose(np.array(got), np.array(expected), atol=1e-3), np.abs(np.array(got - expected)).max()
-    assert converted_dir(path, say=lines.append) == out and len(lines) == 2  # converted once
+    assert converted_dir(path, say=lines.append) == out and len(lines) == 3  # converted once
     assert tokenizer.convert_ids_to_tokens([0, 1, 2, 5]) == ["<pad>", "<eos>", "<bos>", "a"]
     config = json.loads((out / "config.json").read_text())
     assert config["eos_token_id"] == [1]

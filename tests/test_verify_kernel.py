@@ -57,7 +57,7 @@ def quantized(n: int, k: int, group_size: int, bits: int, scale_dtype):
     return q, scales.astype(scale_dtype), biases.astype(scale_dtype)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.bfloat16], ids=["f32", "bf16"])
 def test_quantized_kernel_equals_quantized_matmul(bits, group_size, scale_dtype):
@@ -116,7 +116,9 @@ def test_bad_operands_are_refused_by_the_kernel():
     with pytest.raises(ValueError, match="x \\[..., K\\]"):
         BACKEND.matmul(mx.ones((2, 5)), mx.ones((3, 4)))
     q, s, b = mx.quantize(mx.ones((8, 64)), group_size=64, bits=4)
-    with pytest.raises(ValueError, match="4 and 8 bits"):
+    with pytest.raises(ValueError, match="2, 3, 4, 5, 6 and 8 bits"):
+        BACKEND.qmatmul(mx.ones((1, 64)), q, s, b, 64, 7)
+    with pytest.raises(ValueError, match="disagree in shape"):  # 4-bit codes read as 3-bit ones
         BACKEND.qmatmul(mx.ones((1, 64)), q, s, b, 64, 3)
 
 
@@ -193,7 +195,7 @@ def test_greedy_speculation_through_the_kernel_equals_plain_decoding_through_it(
     assert_greedy_equal(target, prompt, plain, mlx_lm_greedy(target, prompt, 24))
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("scale_dtype", [mx.float32, mx.bfloat16, mx.float16], ids=["f32", "bf16", "f16"])
 def test_the_quantized_path_matches_its_scalar_reference_at_every_row_count(bits, group_size, scale_dtype):

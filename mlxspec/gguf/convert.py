@@ -1,8 +1,8 @@
 """A GGUF file converted once into an mlx-lm model directory under mlxspec's cache, keyed by the file's hash.
 
-The weights are dequantized by the `gguf` package (llama.cpp's own reader) and written in float16 (the CPU backend
-computes in float32 anyway; `--quantize-target 4|8` re-quantizes to MLX's own format at load); llama.cpp's
-per-architecture transforms are undone (architectures.py). The tokenizer is rebuilt from the file's own metadata
+The weights keep their own bits (weights.py): quantized blocks become MLX's affine format, exactly where the block
+type allows, and the conversion says per type what it did; llama.cpp's per-architecture transforms are undone
+(architectures.py). The tokenizer is rebuilt from the file's own metadata
 (tokens, scores, types, merges, special ids, chat template) by transformers' GGUF tokenizer builders, which need no
 torch. A finished conversion is marked by its `gguf_source.json`; an interrupted one is started over.
 """
@@ -16,16 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from mlxspec.errors import UserError
-from mlxspec.gguf.architectures import END_OF_TURN, Architecture, architecture_of, mlx_config, mlx_name, undo_transforms
+from mlxspec.gguf.architectures import END_OF_TURN, architecture_of, mlx_config
+from mlxspec.gguf.blocks import GROUP
 from mlxspec.gguf.header import Header, read_header
 from mlxspec.gguf.validate import check_convertible, embedding_rows
+from mlxspec.gguf.weights import converted_tensors
 from mlxspec.platform import cache_dir
 
 MARKER = "gguf_source.json"  # written last: a directory without it is an interrupted conversion
-CONVERSION_FORMAT = 2  # in the marker; a conversion made by another format is made anew
+CONVERSION_FORMAT = 3  # in the marker; a conversion made by another format is made anew
 TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 TOKENIZER_ARRAYS += ("tokenizer.ggml.merges",)
 
@@ -82,8 +82,8 @@ def convert_once(path: Path, out: Path, digest: str, say) -> Path:
         say(f"converting {path.name} ({header.architecture}, {len(header.tensors)} tensors) once, for mlx-lm")
         work = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
         try:
-            write_model(path, work, say)
-            marker = {"gguf": str(path), "sha256": digest, "format": CONVERSION_FORMAT}
+            weights = write_model(path, work, say)
+            marker = {"gguf": str(path), "sha256": digest, "format": CONVERSION_FORMAT, "weights": weights}
             (work / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
             work.chmod(0o755)  # mkdtemp's folder is private to this user; a conversion is not
             shutil.rmtree(out, ignore_errors=True)
@@ -94,7 +94,8 @@ def convert_once(path: Path, out: Path, digest: str, say) -> Path:
     return out
 
 
-def write_model(path: Path, out: Path, say) -> None:
+def write_model(path: Path, out: Path, say) -> str:
+    """Write the model into `out`; the one-line summary of what became of each block type."""
     header = read_header(path, TOKENIZER_ARRAYS)
     arch = architecture_of(header)
     check_convertible(header)
@@ -104,40 +105,17 @@ def write_model(path: Path, out: Path, say) -> None:
     ends = [tokenizer.convert_tokens_to_ids(name) for name in END_OF_TURN if name in tokenizer.get_vocab()]
     eos_ids = sorted({i for i in [eos, *ends] if isinstance(i, int)})
     config = mlx_config(header, arch, vocab, eos_ids)
-    weights = dequantized(header, arch, config, say)
+    converted = converted_tensors(header, arch, config)
+    for type_name, report in sorted(converted.report.items()):
+        say(report.line(type_name))
+    if converted.layers:
+        config["quantization"] = {"group_size": GROUP, "bits": 4, "mode": "affine", **converted.layers}
     import mlx.core as mx
 
-    mx.save_safetensors(str(out / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()})
+    arrays = {k: v if isinstance(v, mx.array) else mx.array(v) for k, v in converted.arrays.items()}
+    mx.save_safetensors(str(out / "model.safetensors"), arrays)
     (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-
-
-def dequantized(header: Header, arch: Architecture, config: dict, say) -> dict[str, np.ndarray]:
-    """Every tensor under its mlx-lm name, dequantized, its llama.cpp transform undone, in float16."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    from mlxspec.gguf.header import TYPES
-    from mlxspec.progress import Progress
-
-    data = np.memmap(header.path, dtype=np.uint8, mode="r")
-    progress = Progress("dequantizing", len(header.tensors))
-    weights = {}
-    for i, tensor in enumerate(header.tensors):
-        progress.update(i)
-        name = mlx_name(tensor.name, arch)
-        _, block, size = TYPES[tensor.type_id]
-        start = header.data_start + tensor.offset
-        raw = data[start : start + tensor.nbytes].reshape(*tensor.shape[:-1], tensor.shape[-1] // block * size)
-        try:
-            values = dequantize(raw, GGMLQuantizationType(tensor.type_id)).reshape(tensor.shape)
-        except NotImplementedError:
-            raise UserError(
-                f"'{header.path}': tensor '{tensor.name}' is {tensor.type_name}, which the gguf package cannot "
-                "dequantize; convert a Q8_0, Q4_K_M or F16 file"
-            ) from None
-        weights[name] = undo_transforms(name, values.astype(np.float32), arch, config).astype(np.float16)
-    progress.close()
-    return weights
+    return converted.summary()
 
 
 def write_tokenizer(header: Header, out: Path):
