@@ -1,6 +1,7 @@
 """The verify kernel's weight formats against this machine's memory: GiB/s of weight bytes read per second for float32,
-bfloat16, 4-bit and 8-bit (MLX's affine groups of 64), at M = 1, 4, 5 and 8 rows, on the real models' shapes, beside
-a STREAM-like read of one large array by numpy (one thread) and MLX's own quantized_matmul at M = 1.
+bfloat16, and the affine formats a GGUF converts into (groups of 32: 4-bit with float32 scales as Q4_K becomes,
+5-bit and 8-bit with float16 scales as Q5_0 and Q8_0/Q6_K become), at M = 1, 4, 5 and 8 rows, on the real models'
+shapes, beside a STREAM-like read of one large array by numpy (one thread) and MLX's own quantized_matmul at M = 1.
 
     python scripts/bench_qmatmul.py [--repeats 15]
 
@@ -44,8 +45,9 @@ def main() -> None:
     for n, k in SHAPES:
         w = mx.random.normal((n, k))
         formats = {"float32": (w,), "bfloat16": (w.astype(mx.bfloat16),)}
-        for bits in (4, 8):
-            formats[f"{bits}-bit"] = mx.quantize(w, group_size=64, bits=bits)
+        for bits, scales in ((4, mx.float32), (5, mx.float16), (8, mx.float16)):
+            q, s, b = mx.quantize(w, group_size=32, bits=bits)
+            formats[f"{bits}-bit"] = (q, s.astype(scales), b.astype(scales))
         mx.eval(formats)
         times: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.repeats):
@@ -57,7 +59,7 @@ def main() -> None:
                     if len(parts) == 1:
                         mx.eval(backend.matmul(x, parts[0]))
                     else:
-                        mx.eval(backend.qmatmul(x, *parts, 64, int(name[0])))
+                        mx.eval(backend.qmatmul(x, *parts, 32, int(name[0])))
                     times.setdefault((name, m), []).append(time.perf_counter() - start)
         print(f"{n} x {k}:")
         for name, parts in formats.items():
@@ -69,7 +71,7 @@ def main() -> None:
         q = formats["4-bit"]
         x = mx.random.normal((1, k))
         start = time.perf_counter()
-        mx.eval(mx.quantized_matmul(x, *q, group_size=64, bits=4))
+        mx.eval(mx.quantized_matmul(x, *q, group_size=32, bits=4))
         mlx_seconds = time.perf_counter() - start
         print(f"  MLX's own quantized_matmul, 4-bit, M=1: {sum(p.nbytes for p in q) / mlx_seconds / 2**30:.1f} GiB/s")
 

@@ -381,7 +381,9 @@ def test_the_truncation_note_comes_before_the_text_and_a_full_context_is_said():
     run = subprocess.run(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=HANG_LIMIT
     )
-    assert run.returncode == 0 and run.stdout.startswith("mlxspec: --truncate kept the last"), run.stdout[:300]
+    # a fresh cache's cost-curve measurement may say so first (it runs before the prompt is read); then the note
+    lines = [line for line in run.stdout.splitlines() if not line.startswith("mlxspec: measuring")]
+    assert run.returncode == 0 and lines[0].startswith("mlxspec: --truncate kept the last"), run.stdout[:300]
     spec = mlxspec.load()
     result = spec.generate("def f(x):", max_tokens=600, stop_at_eos=False)
     assert result.finish_reason == "length" and len(result.tokens) < 600

@@ -160,12 +160,22 @@ def test_routing_a_quantized_model_calls_the_quantized_kernel():
     assert_close(view(tokens), expected, mx.float32)
 
 
-def test_more_rows_than_the_kernel_takes_use_mlx_matmul_unchanged():
+@pytest.mark.parametrize("reference_blas", [False, True], ids=["real-blas", "reference-blas"])
+def test_more_rows_than_the_kernel_takes(monkeypatch, reference_blas):
+    """With a real BLAS, MLX's matmul unchanged; with MLX's reference BLAS (about 1 GFLOP/s), the kernel MAX_ROWS
+    rows at a time, every row bit for bit what it gives alone. A quantized layer always takes the kernel in chunks
+    (MLX's CPU quantized_matmul re-reads the weights for every row)."""
+    monkeypatch.setattr(verify_kernel, "_reference_blas", lambda: reference_blas)
     layer = nn.Linear(24, 10)
-    x = mx.random.normal((1, verify_kernel.MAX_ROWS + 1, 24))
+    x = mx.random.normal((1, 2 * verify_kernel.MAX_ROWS + 3, 24))
     routed = verify_kernel.route_layer(layer, BACKEND)
     assert isinstance(routed, verify_kernel.VerifyLinear)
-    assert mx.array_equal(routed(x), layer(x)).item()
+    alone = mx.concatenate([routed(x[:, i : i + 1]) for i in range(x.shape[1])], axis=1)
+    assert mx.array_equal(routed(x), alone if reference_blas else layer(x)).item()
+    quantized = verify_kernel.route_layer(nn.QuantizedLinear(64, 10, group_size=32, bits=5), BACKEND)
+    x = mx.random.normal((1, 2 * verify_kernel.MAX_ROWS + 3, 64))
+    alone = mx.concatenate([quantized(x[:, i : i + 1]) for i in range(x.shape[1])], axis=1)
+    assert mx.array_equal(quantized(x), alone).item()
 
 
 def test_kernel_choice_is_resolved_by_device_and_name():

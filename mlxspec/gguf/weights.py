@@ -60,6 +60,19 @@ def is_matrix_weight(name: str, tensor: TensorInfo) -> bool:
     return len(tensor.shape) == 2 and name.endswith(".weight") and "norm" not in name and tensor.shape[1] % GROUP == 0
 
 
+SCALE_BYTES = {"Q4_K": 4, "Q5_K": 4}  # float32 products d * sc; every other type's scales are float16
+
+
+def held_bytes(name: str, tensor: TensorInfo) -> int:
+    """The bytes a tensor takes once converted and loaded on the CPU (from the header alone, for the planner):
+    a quantized matrix at its bits (Q6_K and others at 8) with a scale and a bias per 32 values; everything else
+    widened to float32 there."""
+    if tensor.type_name in FLOATS or not is_matrix_weight(name, tensor):
+        return 4 * tensor.count
+    bits = int(tensor.type_name[1]) if tensor.type_name in EXACT else 8
+    return tensor.count * bits // 8 + tensor.count // GROUP * 2 * SCALE_BYTES.get(tensor.type_name, 2)
+
+
 def converted_tensors(header: Header, arch: Architecture, config: dict) -> Converted:
     from mlxspec.progress import Progress
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import mlx.core as mx
@@ -138,21 +139,50 @@ def _rows(x: mx.array) -> int:
     return x.size // x.shape[-1] if x.ndim else 0
 
 
+def _in_row_chunks(x: mx.array, product: Callable[[mx.array], mx.array]) -> mx.array:
+    """product(rows) for a prefill's many rows, MAX_ROWS at a time. The kernel's rows are independent, so a
+    prefilled row has the bits it would have had alone."""
+    rows = x.reshape(-1, x.shape[-1])
+    parts = [product(rows[i : i + MAX_ROWS]) for i in range(0, rows.shape[0], MAX_ROWS)]
+    return mx.concatenate(parts, axis=0).reshape(*x.shape[:-1], -1)
+
+
+@functools.lru_cache(maxsize=1)
+def _reference_blas() -> bool:
+    """MLX's CPU matmul resolves to the reference BLAS (about 1 GFLOP/s): the kernel in chunks is faster there."""
+    from mlxspec.platform import blas_in_use
+
+    return blas_in_use() == "reference"
+
+
 class VerifyLinear(nn.Linear):
     backend: VerifyBackend
 
     def __call__(self, x: mx.array) -> mx.array:
-        if _rows(x) > MAX_ROWS or x.dtype != self.weight.dtype:
+        y = _dense_call(self.backend, self.weight, x)
+        if y is None:
             return super().__call__(x)
-        y = self.backend.matmul(x, self.weight)
         return y + self.bias if "bias" in self else y
+
+
+def _dense_call(backend: VerifyBackend, weight: mx.array, x: mx.array) -> mx.array | None:
+    """The kernel's x @ weight.T, or None to use MLX's own matmul (another dtype; many rows with a real BLAS)."""
+    if x.dtype != weight.dtype or (_rows(x) > MAX_ROWS and not _reference_blas()):
+        return None
+    if _rows(x) > MAX_ROWS:
+        return _in_row_chunks(x, lambda rows: backend.matmul(rows, weight))
+    return backend.matmul(x, weight)
 
 
 def _quantized_call(layer, x: mx.array) -> mx.array | None:
     """The kernel's product for a QuantizedLinear/QuantizedEmbedding layer, or None to use MLX's own op."""
-    if _rows(x) > MAX_ROWS or x.dtype not in (mx.float32, layer.scales.dtype):
+    if x.dtype not in (mx.float32, layer.scales.dtype):
         return None  # float32 rows with float16 scales: the kernel and MLX both give float32
-    return layer.backend.qmatmul(x, layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits)
+    operands = (layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits)
+    if _rows(x) <= MAX_ROWS:
+        return layer.backend.qmatmul(x, *operands)
+    # MLX's CPU quantized_matmul re-reads every weight for every row (0.4 GiB/s): a prefill goes through the kernel
+    return _in_row_chunks(x, lambda rows: layer.backend.qmatmul(rows, *operands))
 
 
 class VerifyQuantizedLinear(nn.QuantizedLinear):
@@ -171,9 +201,8 @@ class VerifyEmbedding(nn.Embedding):
     backend: VerifyBackend
 
     def as_linear(self, x: mx.array) -> mx.array:
-        if _rows(x) > MAX_ROWS or x.dtype != self.weight.dtype:
-            return super().as_linear(x)
-        return self.backend.matmul(x, self.weight)
+        y = _dense_call(self.backend, self.weight, x)
+        return super().as_linear(x) if y is None else y
 
 
 class VerifyQuantizedEmbedding(nn.QuantizedEmbedding):

@@ -76,17 +76,21 @@ def load_metadata(name: str) -> ModelMetadata:
 
 
 def _gguf_metadata(path: Path) -> ModelMetadata:
-    """A GGUF file's model as mlxspec would load it (converted, in float16), from the header alone: no MLX, no
-    dequantization."""
-    from mlxspec.gguf.architectures import architecture_of, mlx_config
+    """A GGUF file's model as mlxspec loads it on the CPU (quantized tensors at their own bits, gguf/weights.py),
+    from the header alone: no MLX, no dequantization."""
+    from mlxspec.gguf.architectures import architecture_of, mlx_config, mlx_name
     from mlxspec.gguf.header import read_header
+    from mlxspec.gguf.weights import held_bytes, is_matrix_weight
 
     header = read_header(path)
     arch = architecture_of(header)
     vocab = next((t.shape[0] for t in header.tensors if t.name == "token_embd.weight"), 0)
     config = mlx_config(header, arch, vocab, [])
-    converted = 2 * sum(t.count for t in header.tensors)  # float16, as the conversion writes it
-    return ModelMetadata(path.stem, config, converted, f"{path} (GGUF header; converted to float16)")
+    names = [(mlx_name(t.name, arch), t) for t in header.tensors]
+    if any(t.type_name not in ("F32", "F16", "BF16") and is_matrix_weight(name, t) for name, t in names):
+        config["quantization"] = {"group_size": 32, "bits": 4}  # per layer: 4, 5 or 8 bits, as the file holds them
+    held = sum(held_bytes(name, t) for name, t in names)
+    return ModelMetadata(path.stem, config, held, f"{path} (GGUF header; its own bits)")
 
 
 def _hub_metadata(repo_id: str) -> ModelMetadata:

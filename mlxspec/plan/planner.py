@@ -75,8 +75,10 @@ def model_weight_bytes(meta: ModelMetadata, bits: int | None, group_size: int, d
     group_size = stored.get("group_size", group_size) if not bits or bits == stored.get("bits") else group_size
     dtype = _compute_dtype(device, meta.config)
     params = mm.count_parameters(meta.config)
-    if meta.weight_bytes and device.backend != "cpu" and bits == stored.get("bits"):
-        return meta.weight_bytes, "exact, from safetensors headers"
+    if meta.weight_bytes and (device.backend != "cpu" or stored) and bits == stored.get("bits"):
+        # a quantized model keeps its codes and scales as stored on the CPU too (the kernel widens them)
+        source = "the GGUF header: its own bits" if "GGUF" in meta.source else "safetensors headers"
+        return meta.weight_bytes, f"exact, from {source}"
     count = f"{params.total / 1e9:.2f}B" if params.total >= 1e8 else f"{params.total / 1e6:.1f}M"  # 0.00B says nothing
     note = f"{count} params" + (f", {bits}-bit g{group_size}" if bits else f", {dtype}")
     return mm.weight_bytes(params, bits, group_size, dtype), note
@@ -354,8 +356,9 @@ def make_plan(req: PlanRequest) -> Plan:
         )
     if req.device.backend == "cpu" and (req.target_bits or (req.target.config.get("quantization") or {})):
         plan.notes.append(
-            "On MLX's CPU backend a quantized target verifies K+1 tokens at K+1 times the cost of one "
-            "(quantized_matmul scales with rows), so a float32/bf16 target is faster there."
+            "On the CPU a quantized target is read once for up to 32 verified tokens by mlxspec's kernel, but widening "
+            "its codes costs arithmetic: on a 2-core AVX2 host 5 tokens cost about 3x one at 4 bits, 2x at 8 "
+            "(`mlxspec bench verify-cost` measures this machine)."
         )
     ranked = []
     own_limit = req.target.config.get("max_position_embeddings")

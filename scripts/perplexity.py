@@ -1,0 +1,98 @@
+"""Perplexity of a GGUF's conversion at its own bits against the file's float dequantization, on held-out text.
+
+    python scripts/perplexity.py MODEL.gguf [--tokens 2048] [--window 512] [--text FILE ...]
+
+The float model is built from the file itself (the gguf package's dequantization, llama.cpp's transforms undone,
+float32); the converted one is what `mlxspec generate --model MODEL.gguf` loads (exact block types exact, Q6_K
+re-quantized to 8 bits). Both score the same tokens in windows; the default text is mlxspec's own README and
+docs, written after either model was trained. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mlxspec.gguf.architectures import architecture_of, mlx_name, undo_transforms  # noqa: E402
+from mlxspec.gguf.convert import converted_dir  # noqa: E402
+from mlxspec.gguf.header import TYPES, read_header  # noqa: E402
+from mlxspec.loading import load_model  # noqa: E402
+
+DEFAULT_TEXT = [ROOT / "README.md", ROOT / "docs" / "how-it-works.md", ROOT / "docs" / "planner.md"]
+
+
+def float_model(path: Path, config: dict):
+    """The file's model in float32, every tensor dequantized by the gguf package."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    from mlx_lm.utils import _get_classes
+
+    header = read_header(path)
+    arch = architecture_of(header)
+    config = {k: v for k, v in config.items() if k != "quantization"}
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    weights = []
+    for tensor in header.tensors:
+        _, block, size = TYPES[tensor.type_id]
+        start = header.data_start + tensor.offset
+        raw = data[start : start + tensor.nbytes].reshape(*tensor.shape[:-1], tensor.shape[-1] // block * size)
+        values = dequantize(raw, GGMLQuantizationType(tensor.type_id)).reshape(tensor.shape).astype(np.float32)
+        name = mlx_name(tensor.name, arch)
+        weights.append((name, mx.array(undo_transforms(name, values, arch, config))))
+    model.load_weights(model.sanitize(dict(weights)).items() if hasattr(model, "sanitize") else weights)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def mean_nll(model, tokens: list[int], window: int) -> float:
+    total, count = 0.0, 0
+    for start in range(0, len(tokens) - 1, window):
+        chunk = mx.array(tokens[start : start + window + 1])[None]
+        logits = model(chunk[:, :-1]).astype(mx.float32)
+        nll = mx.logsumexp(logits, axis=-1) - mx.take_along_axis(logits, chunk[:, 1:, None], axis=-1)[..., 0]
+        total += nll.sum().item()
+        count += nll.size
+    return total / count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("gguf", type=Path)
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--text", type=Path, nargs="*", default=DEFAULT_TEXT)
+    parser.add_argument("--converted", type=Path, help="its conversion, if made elsewhere (fetch_real_model.py)")
+    args = parser.parse_args()
+    folder = args.converted or converted_dir(args.gguf)
+    converted = load_model(folder)
+    text = "\n\n".join(p.read_text() for p in args.text)
+    tokens = converted.tokenizer.encode(text)[: args.tokens + 1]
+    own_bits = mean_nll(converted.model, tokens, args.window)
+    del converted
+    reference = float_model(args.gguf, json.loads((folder / "config.json").read_text()))
+    floats = mean_nll(reference, tokens, args.window)
+    result = {
+        "model": args.gguf.name,
+        "tokens": len(tokens) - 1,
+        "perplexity_float": math.exp(floats),
+        "perplexity_own_bits": math.exp(own_bits),
+        "change": math.exp(own_bits - floats) - 1,
+        "weights": json.loads((folder / "gguf_source.json").read_text()).get("weights"),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
