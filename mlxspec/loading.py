@@ -60,6 +60,16 @@ class LoadedModel:
         return "unknown"
 
     @property
+    def weights_note(self) -> str:
+        """A converted GGUF's block types and what each became ("Q4_K:4-bit,Q6_K:8-bit~7e-03"), else ""."""
+        try:
+            marker = json.loads((self.path / "gguf_source.json").read_text())
+        except (OSError, ValueError):
+            return ""
+        note = marker.get("weights") if isinstance(marker, dict) else None
+        return note if isinstance(note, str) else ""
+
+    @property
     def context_length(self) -> int | None:
         for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
             if isinstance(self.config.get(key), int):

@@ -41,6 +41,7 @@ class Stats:
     note: str = ""  # why mlxspec decoded plainly instead of speculating, if it did
     kernel: str = ""  # the verify kernel's backend ("cpu") and layers routed, or why it was not used
     dtype: str = ""  # what the target computes in ("float32" on the CPU; mlx-lm keeps bf16 checkpoints in bf16)
+    weights: str = ""  # a converted GGUF's block types and what each is held as ("Q4_K:4-bit,Q6_K:8-bit~7e-03")
     batch_rows: float = 1.0  # rows decoding together, on average over this run's steps (continuous batching)
     sorted_fallbacks: int = 0  # steps redone with the whole vocabulary ranked (a top-p set past the candidates)
     prompt_seconds: float = 0.0
@@ -83,7 +84,8 @@ class Stats:
             f"gen={self.tokens_per_second:.1f} tok/s prompt={self.prompt_tokens_per_second:.1f} tok/s "
             f"tokens={self.generated_tokens} target_calls={self.target_calls} {tree}"
             f"kernel={self.kernel.split(' ')[0].rstrip(':') or 'off'} dtype={self.dtype or '-'} "
-            f"peak={self.peak_memory_bytes / 2**20:.1f} MiB"
+            + (f"weights={self.weights} " if self.weights else "")
+            + f"peak={self.peak_memory_bytes / 2**20:.1f} MiB"
         )
 
     def to_dict(self) -> dict:

@@ -84,6 +84,7 @@ class Speculator:
         self.suffix_cache_tokens = suffix_cache_tokens
         self.suffix_index: SuffixIndex | None = None
         self.compute_dtype = target.compute_dtype  # named by -v and --json (a seed's text depends on it)
+        self.weights_note = target.weights_note  # a GGUF's block types as held, said again by -v and --json
 
     @property
     def reports(self) -> bool:
@@ -187,6 +188,7 @@ class Speculator:
         head = verify_kernel.routed_view(self.feature_head, backend) if self.feature_head is not None else None
         stats.kernel = f"{backend.name} ({self._routed_layers(target, head)} layers)" if backend is not None else status
         stats.dtype = self.compute_dtype
+        stats.weights = self.weights_note
         options, tree_note = self._chain_if_no_trees(options)
         suffix_index = self._suffix_index() if options.suffix else None
         drafting = self.drafting.for_run(options, target, head, suffix_index, lookup_by_default=self.options.lookup)
