@@ -191,7 +191,12 @@ class Speculator:
         stats.weights = self.weights_note
         options, tree_note = self._chain_if_no_trees(options)
         suffix_index = self._suffix_index() if options.suffix else None
-        drafting = self.drafting.for_run(options, target, head, suffix_index, lookup_by_default=self.options.lookup)
+        # the draft model reads its weights at their own bits through the kernel too (MLX's CPU quantized_matmul
+        # runs on one thread at a tenth of the bandwidth)
+        draft = verify_kernel.routed_view(self.draft.model, backend) if self.draft is not None else None
+        drafting = self.drafting.for_run(
+            options, target, head, suffix_index, lookup_by_default=self.options.lookup, draft_model=draft
+        )
         drafter, controller, stats.note = drafting.drafter, drafting.controller, drafting.note
         stats.note = stats.note or tree_note
         stats.mode = describe_drafter(drafter, options)

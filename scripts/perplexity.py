@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from mlxspec.gguf.architectures import architecture_of, mlx_name, undo_transforms  # noqa: E402
 from mlxspec.gguf.convert import converted_dir  # noqa: E402
 from mlxspec.gguf.header import TYPES, read_header  # noqa: E402
+from mlxspec.kernels.verify import cpu_backend, routed_view  # noqa: E402
 from mlxspec.loading import load_model  # noqa: E402
 
 DEFAULT_TEXT = [ROOT / "README.md", ROOT / "docs" / "how-it-works.md", ROOT / "docs" / "planner.md"]
@@ -79,10 +80,11 @@ def main() -> None:
     converted = load_model(folder)
     text = "\n\n".join(p.read_text() for p in args.text)
     tokens = converted.tokenizer.encode(text)[: args.tokens + 1]
-    own_bits = mean_nll(converted.model, tokens, args.window)
+    backend = cpu_backend()[0]  # both through the kernel, as generation runs them (MLX's CPU ops are far slower)
+    own_bits = mean_nll(routed_view(converted.model, backend, attention=False), tokens, args.window)
     del converted
     reference = float_model(args.gguf, json.loads((folder / "config.json").read_text()))
-    floats = mean_nll(reference, tokens, args.window)
+    floats = mean_nll(routed_view(reference, backend, attention=False), tokens, args.window)
     result = {
         "model": args.gguf.name,
         "tokens": len(tokens) - 1,

@@ -174,3 +174,16 @@ def test_a_quantized_gguf_converts_at_its_own_bits(tmp_path, monkeypatch, with_q
     assert count_routed(routed) >= len(bits)
     kernel = np.array(routed(tokens[:, :1]))  # one row: the kernel's path, not MLX's beyond 32 rows
     assert np.abs(kernel - want[:, :1]).max() <= tolerance * np.abs(want).max()
+
+
+def test_the_planner_counts_a_gguf_at_its_own_bits(tmp_path, monkeypatch):
+    """From the header alone, the weight bytes the loaded model holds on the CPU (within 5%: a quantized
+    embedding's scales widen to float32 there), not the float16 of a dequantized conversion."""
+    from mlxspec.loading import load_model
+    from mlxspec.plan.metadata import load_metadata
+
+    monkeypatch.setenv("MLXSPEC_CACHE", str(tmp_path / "cache"))
+    path, _, _ = quantized_gguf(tmp_path, with_q6_k=True)
+    planned = load_metadata(str(path)).weight_bytes
+    held = sum(v.nbytes for _, v in tree_flatten(load_model(path).model.parameters()))
+    assert abs(planned - held) <= 0.05 * held, (planned, held)

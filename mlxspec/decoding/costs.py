@@ -23,8 +23,9 @@ from mlxspec.loading import LoadedModel
 from mlxspec.platform import blas_in_use, cache_dir
 
 CURVES_FILE = "cost_curves.json"
-# v3: the draft timed as a chain runs it (a cold first forward, then warm ones): older stored curves are measured again
-CURVE_VERSION = "v3"
+# v3: the draft timed as a chain runs it (a cold first forward, then warm ones); v4: the draft through the verify
+# kernel, as generation now runs it: older stored curves are measured again
+CURVE_VERSION = "v4"
 DRAFT_CHAIN = 4  # one-token draft forwards timed back to back per round, as a step drafts them
 
 
@@ -297,7 +298,7 @@ def model_curve(
     backend, _ = verify_kernel.resolve(kernel)
     return cached_curve(
         verify_kernel.routed_view(target.model, backend),
-        draft.model if draft else None,
+        verify_kernel.routed_view(draft.model, backend) if draft else None,  # as generation runs it
         target.path,
         draft.path if draft else None,
         refresh=refresh,

@@ -84,9 +84,11 @@ class DrafterProvider:
         head: Any,
         suffix_index: SuffixIndex | None = None,
         lookup_by_default: bool = False,
+        draft_model: Any = None,
     ) -> RunDrafting:
-        """The drafting of one run with these options; `target` and `head`: the target model and feature head as
-        this run calls them (routed through the verify kernel or not). `lookup_by_default`: prompt lookup is on for
+        """The drafting of one run with these options; `target`, `head` and `draft_model`: the target model, feature
+        head and draft model as this run calls them (routed through the verify kernel or not; no draft_model: the
+        draft model as loaded). `lookup_by_default`: prompt lookup is on for
         every run of this load, so a target that cannot roll back decodes plainly (with a note) instead of refusing
         a run that did not ask for lookup itself."""
         wants_model = options.use_draft and self.has_model_drafter
@@ -101,7 +103,7 @@ class DrafterProvider:
             return RunDrafting(None, None, note)
         drafter = make_drafter(
             options,
-            draft_model=self.draft.model if self.draft is not None else None,
+            draft_model=draft_model or (self.draft.model if self.draft is not None else None),
             medusa=self.medusa,
             target_model=target,
             successors=self.corpus_successors() if options.lookup and options.corpus_fallback else None,

@@ -12,6 +12,7 @@ from mlxspec.plan import rank_split as rs
 from mlxspec.plan.devices import Device
 from mlxspec.plan.metadata import ModelMetadata
 from mlxspec.plan.rank_split import RankSplit
+from mlxspec.plan.weights import compute_dtype, model_weight_bytes
 
 RUNTIME_OVERHEAD = 400 * 2**20  # MLX, Python and the Metal library: not in mx.get_peak_memory, estimated
 
@@ -63,27 +64,6 @@ class Plan:
         return asdict(self)
 
 
-def _compute_dtype(device: Device, config: dict) -> str:
-    if device.backend == "cpu":
-        return "float32"  # mlxspec casts to float32 on the CPU backend: half precision matmul is emulated there
-    return "bfloat16" if config.get("torch_dtype", "bfloat16") == "bfloat16" else "float16"
-
-
-def model_weight_bytes(meta: ModelMetadata, bits: int | None, group_size: int, device: Device) -> tuple[int, str]:
-    stored = meta.config.get("quantization") or {}
-    bits = bits or stored.get("bits")
-    group_size = stored.get("group_size", group_size) if not bits or bits == stored.get("bits") else group_size
-    dtype = _compute_dtype(device, meta.config)
-    params = mm.count_parameters(meta.config)
-    if meta.weight_bytes and (device.backend != "cpu" or stored) and bits == stored.get("bits"):
-        # a quantized model keeps its codes and scales as stored on the CPU too (the kernel widens them)
-        source = "the GGUF header: its own bits" if "GGUF" in meta.source else "safetensors headers"
-        return meta.weight_bytes, f"exact, from {source}"
-    count = f"{params.total / 1e9:.2f}B" if params.total >= 1e8 else f"{params.total / 1e6:.1f}M"  # 0.00B says nothing
-    note = f"{count} params" + (f", {bits}-bit g{group_size}" if bits else f", {dtype}")
-    return mm.weight_bytes(params, bits, group_size, dtype), note
-
-
 def _state_note(config: dict, dtype: str) -> str:
     state = mm.recurrent_state_bytes(config, dtype)
     return f"; recurrent state {state / 2**20:.1f} MiB x 2 (one rollback snapshot)" if state else ""
@@ -122,7 +102,7 @@ def _tokens_ratio(target_file: str, draft_file: str) -> float:
 def memory_items(req: PlanRequest, context: int | None = None) -> list[PlanItem]:
     context = req.context if context is None else context
     rollback = req.verify_positions
-    dtype = _compute_dtype(req.device, req.target.config)
+    dtype = compute_dtype(req.device, req.target.config)
     items = []
     weight, note = model_weight_bytes(req.target, req.target_bits, req.group_size, req.device)
     share, layer_share = 1.0, 1.0
@@ -310,7 +290,7 @@ def make_plan(req: PlanRequest) -> Plan:
             "device": req.device.name,
             "device_source": req.device.source,
             "backend": req.device.backend,
-            "dtype": _compute_dtype(req.device, req.target.config),
+            "dtype": compute_dtype(req.device, req.target.config),
             "context": req.context,
             "batch": req.batch,
             "target_bits": req.target_bits,

@@ -1,0 +1,28 @@
+"""The bytes a model's weights take on a device, and the dtype it computes in there."""
+
+from __future__ import annotations
+
+from mlxspec.plan import memory_model as mm
+from mlxspec.plan.devices import Device
+from mlxspec.plan.metadata import ModelMetadata
+
+
+def compute_dtype(device: Device, config: dict) -> str:
+    if device.backend == "cpu":
+        return "float32"  # mlxspec casts to float32 on the CPU backend: half precision matmul is emulated there
+    return "bfloat16" if config.get("torch_dtype", "bfloat16") == "bfloat16" else "float16"
+
+
+def model_weight_bytes(meta: ModelMetadata, bits: int | None, group_size: int, device: Device) -> tuple[int, str]:
+    stored = meta.config.get("quantization") or {}
+    bits = bits or stored.get("bits")
+    group_size = stored.get("group_size", group_size) if not bits or bits == stored.get("bits") else group_size
+    dtype = compute_dtype(device, meta.config)
+    params = mm.count_parameters(meta.config)
+    if meta.weight_bytes and (device.backend != "cpu" or stored) and bits == stored.get("bits"):
+        # a quantized model keeps its codes and scales as stored on the CPU too (the kernel widens them)
+        source = "the GGUF header: its own bits" if "GGUF" in meta.source else "safetensors headers"
+        return meta.weight_bytes, f"exact, from {source}"
+    count = f"{params.total / 1e9:.2f}B" if params.total >= 1e8 else f"{params.total / 1e6:.1f}M"  # 0.00B says nothing
+    note = f"{count} params" + (f", {bits}-bit g{group_size}" if bits else f", {dtype}")
+    return mm.weight_bytes(params, bits, group_size, dtype), note
