@@ -149,7 +149,9 @@ def test_plan_cli_json_and_errors():
 def test_cpu_note_for_quantized_targets():
     cpu = Device("cpu box", 24 * 2**30, 18 * 2**30, "test", backend="cpu")
     plan = make_plan(PlanRequest(target=load_metadata("qwen2.5-0.5b"), device=cpu, target_bits=4))
-    assert any("quantized_matmul" in note for note in plan.notes)
+    assert any("quantized target" in note and "widening its codes costs arithmetic" in note for note in plan.notes)
+    plain = make_plan(PlanRequest(target=load_metadata("qwen2.5-0.5b"), device=cpu))
+    assert not any("quantized target" in note for note in plain.notes)
 
 
 def test_nested_text_config_is_planned_as_its_language_model():
