@@ -68,7 +68,11 @@ def test_every_drafting_mode_writes_plain_decodings_tokens(pair, changes):
     plain = pair.generate(ids, max_tokens=TOKENS, temperature=0.0, stop_at_eos=False, use_draft=False)
     drafted = pair.generate(ids, max_tokens=TOKENS, temperature=0.0, stop_at_eos=False, **changes)
     assert drafted.tokens == plain.tokens
-    assert drafted.stats.drafted > 0 and drafted.stats.accepted > 0  # the 0.5B's drafts were really kept
+    if changes["num_draft"] == "auto":  # it drafts only where its measured costs say drafting pays, else says why
+        said = any(words in drafted.stats.note for words in ("cannot pay", "paused for"))
+        assert drafted.stats.accepted > 0 or said, drafted.stats.note
+    else:
+        assert drafted.stats.drafted > 0 and drafted.stats.accepted > 0  # the 0.5B's drafts were really kept
 
 
 def test_a_seeded_run_writes_plain_decodings_text_whatever_drafted(pair):

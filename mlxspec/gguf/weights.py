@@ -70,7 +70,9 @@ def held_bytes(name: str, tensor: TensorInfo) -> int:
     if tensor.type_name in FLOATS or not is_matrix_weight(name, tensor):
         return 4 * tensor.count
     bits = int(tensor.type_name[1]) if tensor.type_name in EXACT else 8
-    return tensor.count * bits // 8 + tensor.count // GROUP * 2 * SCALE_BYTES.get(tensor.type_name, 2)
+    # an embedding's lookups are the hidden state, so its scales are widened to float32 on the CPU (loading.py)
+    scale_bytes = 4 if "embed_tokens" in name else SCALE_BYTES.get(tensor.type_name, 2)
+    return tensor.count * bits // 8 + tensor.count // GROUP * 2 * scale_bytes
 
 
 def converted_tensors(header: Header, arch: Architecture, config: dict) -> Converted:

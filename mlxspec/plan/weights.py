@@ -19,10 +19,10 @@ def model_weight_bytes(meta: ModelMetadata, bits: int | None, group_size: int, d
     group_size = stored.get("group_size", group_size) if not bits or bits == stored.get("bits") else group_size
     dtype = compute_dtype(device, meta.config)
     params = mm.count_parameters(meta.config)
+    count = f"{params.total / 1e9:.2f}B" if params.total >= 1e8 else f"{params.total / 1e6:.1f}M"  # 0.00B says nothing
     if meta.weight_bytes and (device.backend != "cpu" or stored) and bits == stored.get("bits"):
         # a quantized model keeps its codes and scales as stored on the CPU too (the kernel widens them)
         source = "the GGUF header: its own bits" if "GGUF" in meta.source else "safetensors headers"
-        return meta.weight_bytes, f"exact, from {source}"
-    count = f"{params.total / 1e9:.2f}B" if params.total >= 1e8 else f"{params.total / 1e6:.1f}M"  # 0.00B says nothing
+        return meta.weight_bytes, f"{count} params, exact, from {source}"
     note = f"{count} params" + (f", {bits}-bit g{group_size}" if bits else f", {dtype}")
     return mm.weight_bytes(params, bits, group_size, dtype), note
