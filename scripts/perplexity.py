@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from mlxspec.gguf.architectures import architecture_of, mlx_name, undo_transforms  # noqa: E402
 from mlxspec.gguf.convert import converted_dir  # noqa: E402
-from mlxspec.gguf.header import TYPES, read_header  # noqa: E402
+from mlxspec.gguf.header import read_header  # noqa: E402
+from mlxspec.gguf.weights import float_values, raw_blocks  # noqa: E402
 from mlxspec.kernels.verify import cpu_backend, routed_view  # noqa: E402
 from mlxspec.loading import load_model  # noqa: E402
 
@@ -33,8 +34,6 @@ DEFAULT_TEXT = [ROOT / "README.md", ROOT / "docs" / "how-it-works.md", ROOT / "d
 
 def float_model(path: Path, config: dict):
     """The file's model in float32, every tensor dequantized by the gguf package."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
     from mlx_lm.utils import _get_classes
 
     header = read_header(path)
@@ -45,10 +44,7 @@ def float_model(path: Path, config: dict):
     data = np.memmap(path, dtype=np.uint8, mode="r")
     weights = []
     for tensor in header.tensors:
-        _, block, size = TYPES[tensor.type_id]
-        start = header.data_start + tensor.offset
-        raw = data[start : start + tensor.nbytes].reshape(*tensor.shape[:-1], tensor.shape[-1] // block * size)
-        values = dequantize(raw, GGMLQuantizationType(tensor.type_id)).reshape(tensor.shape).astype(np.float32)
+        values = float_values(header, tensor, raw_blocks(data, header, tensor))
         name = mlx_name(tensor.name, arch)
         weights.append((name, mx.array(undo_transforms(name, values, arch, config))))
     model.load_weights(model.sanitize(dict(weights)).items() if hasattr(model, "sanitize") else weights)

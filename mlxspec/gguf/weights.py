@@ -84,25 +84,31 @@ def converted_tensors(header: Header, arch: Architecture, config: dict) -> Conve
     for i, tensor in enumerate(header.tensors):
         progress.update(i)
         name = mlx_name(tensor.name, arch)
-        _, block, size = TYPES[tensor.type_id]
-        start = header.data_start + tensor.offset
-        raw = data[start : start + tensor.nbytes].reshape(*tensor.shape[:-1], tensor.shape[-1] // block * size)
+        raw = raw_blocks(data, header, tensor)
         report = out.report.setdefault(tensor.type_name, TypeReport())
         report.tensors += 1
         report.file_bytes += tensor.nbytes
         if tensor.type_name in FLOATS or not is_matrix_weight(name, tensor):
-            _add_float(out, name, _float_values(header, tensor, raw), tensor.type_name, arch, config, report)
+            _add_float(out, name, float_values(header, tensor, raw), tensor.type_name, arch, config, report)
             continue
         if tensor.type_name in EXACT:
             held = exact_affine(raw, tensor.type_name, tensor.shape)
         else:
-            held = requantized(_float_values(header, tensor, raw))
+            held = requantized(float_values(header, tensor, raw))
         _add_quantized(out, name, held, arch, config, report)
     progress.close()
     return out
 
 
-def _float_values(header: Header, tensor: TensorInfo, raw: np.ndarray) -> np.ndarray:
+def raw_blocks(data: np.ndarray, header: Header, tensor: TensorInfo) -> np.ndarray:
+    """A tensor's bytes in the file's memory map, one row of blocks per row: [*shape[:-1], row bytes]."""
+    _, block, size = TYPES[tensor.type_id]
+    start = header.data_start + tensor.offset
+    return data[start : start + tensor.nbytes].reshape(*tensor.shape[:-1], tensor.shape[-1] // block * size)
+
+
+def float_values(header: Header, tensor: TensorInfo, raw: np.ndarray) -> np.ndarray:
+    """The tensor in float32 as the gguf package (llama.cpp's own reader) dequantizes it."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
