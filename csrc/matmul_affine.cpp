@@ -178,15 +178,20 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
             acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
           }
         } else if constexpr (Bits == 4) {
+          // Even values, then odd ones: two dequantized vectors live at a time, so six rows' accumulators fit.
+          // Each accumulator still takes its products in the same order (even, then odd) whatever RB is.
           const __m128i even = _mm_and_si128(bytes, nibble), odd = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
           const __m256 q0 = _mm256_fmadd_ps(widen8(even), s, b);
           const __m256 q1 = _mm256_fmadd_ps(widen8(_mm_srli_si128(even, 8)), s, b);
-          const __m256 q2 = _mm256_fmadd_ps(widen8(odd), s, b);
-          const __m256 q3 = _mm256_fmadd_ps(widen8(_mm_srli_si128(odd, 8)), s, b);
           for (int i = 0; i < RB; ++i) {
             const float* xi = x + i * k + c;
             acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
             acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
+          }
+          const __m256 q2 = _mm256_fmadd_ps(widen8(odd), s, b);
+          const __m256 q3 = _mm256_fmadd_ps(widen8(_mm_srli_si128(odd, 8)), s, b);
+          for (int i = 0; i < RB; ++i) {
+            const float* xi = x + i * k + c;
             acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 16), q2, acc[i][j][0]);
             acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 24), q3, acc[i][j][1]);
           }
@@ -250,9 +255,10 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
 
 template <int Bits, int RB, typename Scale>
 void tile_columns(const Rows<Scale>& r, const float* x, int64_t k, int64_t c, int cb, float* out, int64_t ldo) {
-  // Four rows of x take one weight row a tile, fewer take two: the accumulators stay in AVX2's 16 registers.
-  for (int64_t done = 0; done < cb; done += RB == 4 ? 1 : 2) {
-    if (RB == 4) {
+  // Three or more rows of x take one weight row a tile, fewer take two: the accumulators stay in AVX2's 16
+  // registers, and two weight rows give one row of x independent chains to overlap.
+  for (int64_t done = 0; done < cb; done += RB >= 3 ? 1 : 2) {
+    if (RB >= 3) {
       tile<Bits, RB, 1>(r, x, k, c + done, out + done, ldo);
     } else if (cb - done >= 2) {
       tile<Bits, RB, 2>(r, x, k, c + done, out + done, ldo);
@@ -263,23 +269,33 @@ void tile_columns(const Rows<Scale>& r, const float* x, int64_t k, int64_t c, in
 }
 
 constexpr int kColumns = 4;  // weight rows a thread takes at a time (a multiple of every tile's CB)
+constexpr int kMaxTileRows = 6;  // rows of x that share one widening of the codes
+
+template <int Bits, typename Scale>
+void tile_rows(const Rows<Scale>& r, const float* x, int rows, int64_t k, int64_t c, int cb, float* out,
+               int64_t ldo) {
+  switch (rows) {
+    case 1: tile_columns<Bits, 1>(r, x, k, c, cb, out, ldo); break;
+    case 2: tile_columns<Bits, 2>(r, x, k, c, cb, out, ldo); break;
+    case 3: tile_columns<Bits, 3>(r, x, k, c, cb, out, ldo); break;
+    case 4: tile_columns<Bits, 4>(r, x, k, c, cb, out, ldo); break;
+    case 5: tile_columns<Bits, 5>(r, x, k, c, cb, out, ldo); break;
+    default: tile_columns<Bits, 6>(r, x, k, c, cb, out, ldo); break;
+  }
+}
 
 template <int Bits, typename Scale>
 void multiply_columns(const Rows<Scale>& r, const float* x, int64_t m, int64_t k, int64_t n, int64_t begin,
                       int64_t end, float* y) {
+  // Each weight chunk is widened once per tile, so M rows take as few tiles as fit, of near-equal size (7 rows:
+  // 4 + 3, not 6 + 1). A row's products go in the same order in any tile, so its bits do not depend on M.
+  const int64_t tiles = (m + kMaxTileRows - 1) / kMaxTileRows;
   for (int64_t c = begin; c < end; c += kColumns) {
     const int cb = int(std::min<int64_t>(kColumns, end - c));
-    for (int64_t i = 0; i < m;) {  // each weight chunk is widened once per tile: the more rows a tile, the fewer
-      if (m - i >= 4) {
-        tile_columns<Bits, 4>(r, x + i * k, k, c, cb, y + i * n + c, n);
-        i += 4;
-      } else if (m - i >= 2) {
-        tile_columns<Bits, 2>(r, x + i * k, k, c, cb, y + i * n + c, n);
-        i += 2;
-      } else {
-        tile_columns<Bits, 1>(r, x + i * k, k, c, cb, y + i * n + c, n);
-        i += 1;
-      }
+    for (int64_t t = 0, i = 0; t < tiles; ++t) {
+      const int rows = int((m - i + (tiles - t) - 1) / (tiles - t));
+      tile_rows<Bits>(r, x + i * k, rows, k, c, cb, y + i * n + c, n);
+      i += rows;
     }
   }
 }

@@ -177,6 +177,7 @@ def test_load_keeps_the_options_it_is_given():
     assert result.stats.num_draft == 3 and result.stats.drafted > 0
 
 
+@pytest.mark.slow  # 15-60 s on 2 cores: in the whole suite, not the quick run
 def test_interleaved_streams_leave_the_model_as_it_was():
     """Kernel routing is a view built once per model: streams that close out of order neither restore plain layers
     under a running stream nor leave routed layers in the model."""

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import pytest
 from helpers import HANG_LIMIT
 
 PROMPT = "def add(a, b):"
@@ -93,6 +94,7 @@ def test_a_system_message_too_long_for_the_context_is_named_once_up_front():
     assert run.stderr.startswith("mlxspec: error: --system is") and "shorten it" in run.stderr
 
 
+@pytest.mark.slow  # 15-60 s on 2 cores: in the whole suite, not the quick run
 def test_dropping_the_oldest_turn_is_said_on_stderr():
     script = "def a():\ndef b():\ndef c():\n/exit\n"
     run = subprocess.run(

@@ -122,7 +122,9 @@ def test_retokenizing_spells_exactly_the_drafts_text_after_the_targets_tokens(ot
     assert complete_utf8("日".encode()[:2]) == b"" and complete_utf8(b"ab" + "é".encode()) == b"ab" + "é".encode()
 
 
-@pytest.mark.parametrize("draft_name", ["other_bpe_draft", "grown_draft"])
+@pytest.mark.parametrize(  # the other BPE (30 s on 2 cores) in the whole suite
+    "draft_name", [pytest.param("other_bpe_draft", marks=pytest.mark.slow), "grown_draft"]
+)
 def test_greedy_cross_tokenizer_drafting_equals_plain_decoding(draft_name, request):
     draft = request.getfixturevalue(draft_name)
     spec = mlxspec.load(DEFAULT_TARGET, draft=draft)

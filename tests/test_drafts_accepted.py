@@ -123,6 +123,7 @@ def test_self_draft_acceptance_holds_under_top_p_and_top_k(self_draft):
     assert len(result.tokens) == 16 and result.stats.accepted == result.stats.drafted > 0
 
 
+@pytest.mark.slow  # 15-60 s on 2 cores: in the whole suite, not the quick run
 def test_the_shipped_dflash_drafter_is_accepted_and_exact_on_held_out_code():
     """models/dflash on the embedded target, T=0, on held-out stdlib code it never trained on: drafts accepted and
     fewer target calls than tokens, every token the target's own greedy one, chains and a DDTree. (The issue's bar,

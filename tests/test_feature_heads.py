@@ -191,6 +191,7 @@ def test_ranked_tree_keeps_the_most_probable_candidates_with_their_ancestors():
     assert draft.shape.parents == (-1, 0, 0, 1, 2) and draft.tokens.tolist() == [5, 6, 1, 3]
 
 
+@pytest.mark.slow  # 15-60 s on 2 cores: in the whole suite, not the quick run
 def test_train_save_load_resume_and_refuse_other_base_models(tiny_dirs, tmp_path):
     target = load_model(tiny_dirs["target"])
     out = tmp_path / "eagle"

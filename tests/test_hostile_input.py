@@ -258,6 +258,7 @@ def test_damaged_head_files_are_named_in_one_line(
     assert_one_line(cli_run(*G, "--model", tiny_dirs["target"], f"--{kind}", broken), message)
 
 
+@pytest.mark.slow  # 15-60 s on 2 cores: in the whole suite, not the quick run
 def test_a_damaged_checkpoint_is_named_not_resumed(cli_run, tiny_dirs, tmp_path):
     out = tmp_path / "heads"
     args = ("train-medusa", "--model", tiny_dirs["target"], "--out", out, "--seq-len", "16", "--batch-size", "2")
@@ -372,6 +373,7 @@ def test_a_damaged_tokenizer_is_named_not_blamed_on_the_weights(cli_run, tiny_di
     assert "re-download" not in result[2]
 
 
+@pytest.mark.slow  # 15-60 s on 2 cores: in the whole suite, not the quick run
 def test_the_truncation_note_comes_before_the_text_and_a_full_context_is_said():
     """On a terminal the --truncate note once printed after the answer; a run stopped by the context (not by
     --max-tokens) ended with finish 'length' and no word about why."""

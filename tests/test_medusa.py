@@ -92,6 +92,7 @@ def test_train_save_load_and_refuse_other_base_models(tiny_dirs, tmp_path):
     assert mx.allclose(again(x, head), trained(x, head)).item()
 
 
+@pytest.mark.slow  # 15-60 s on 2 cores: in the whole suite, not the quick run
 def test_training_stops_on_a_non_finite_loss_and_saves_nothing(tiny_dirs, tmp_path, monkeypatch):
     import mlxspec.train.medusa as medusa_train
 

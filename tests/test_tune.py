@@ -84,6 +84,7 @@ def test_a_stored_choice_is_dropped_when_its_drafter_changes_or_it_runs_slower(t
     assert "changed or is gone" in tuned_regime(load_tune(key), 0.0)[2]
 
 
+@pytest.mark.slow  # 15-60 s on 2 cores: in the whole suite, not the quick run
 def test_tune_stores_a_choice_that_generate_then_runs_exactly_unless_told_not_to(cli_run, tmp_path, monkeypatch):
     monkeypatch.setenv("MLXSPEC_CACHE", str(tmp_path / "cache"))
     prompts = tmp_path / "prompts.json"
