@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from mlxspec.errors import UserError
-from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, embedded_or, load_model
+from mlxspec.loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, embedded_or, load_model
 from mlxspec.options import DecodeOptions
 from mlxspec.results import GenerationResult
 from mlxspec.speculator import Speculator, describe_drafter
@@ -53,6 +53,7 @@ LOAD_KEYS = (
     "draft_window",
     "medusa",
     "draft_bits",
+    "draft_vocab",
     "eagle",
     "mtp",
     "mtp_bits",
@@ -78,6 +79,7 @@ def load(
     distributed: str | None = None,
     dflash: str | Path | None = None,
     mtp_bits: int | None = None,
+    draft_vocab: int | None = None,
 ) -> Speculator:
     """Load a target and a drafter once.
 
@@ -133,22 +135,22 @@ def load(
         embedded = model is None or Path(target.path).resolve() == Path(DEFAULT_TARGET).resolve()
         draft = DEFAULT_DRAFT if embedded and not heads_given else None
         if not embedded and not heads_given and sharding is None:
-            choice = _auto_drafter(target, str(model), draft_bits)
+            choice = _auto_drafter(target, str(model), draft_bits, draft_vocab)
             if choice.chosen is not None:
                 return _speculator(target, choice, options, prompt_cache, sharding)
         if draft is None and not heads_given and not options.lookup:
             options = options.updated(lookup=True)
-    drafters = load_drafters(target, draft, draft_bits, medusa, eagle, mtp, mtp_bits, dflash)
+    drafters = load_drafters(target, draft, draft_bits, medusa, eagle, mtp, mtp_bits, dflash, draft_vocab)
     return _speculator(target, choice, options, prompt_cache, sharding, drafters=drafters)
 
 
 def load_drafters(
-    target, draft=None, draft_bits=None, medusa=None, eagle=None, mtp=None, mtp_bits=None, dflash=None
+    target, draft=None, draft_bits=None, medusa=None, eagle=None, mtp=None, mtp_bits=None, dflash=None, draft_vocab=None
 ) -> Drafters:
     """The drafter named (at most one) for an already loaded target: `mlxspec tune` builds one Speculator per
     drafter around one target this way."""
     return Drafters(
-        draft=load_model(draft, quantize_bits=draft_bits) if draft is not None else None,
+        draft=load_draft(draft, draft_bits, draft_vocab) if draft is not None else None,
         medusa=_load_medusa(medusa, target) if medusa is not None else None,
         feature_head=_load_feature_head(eagle, mtp, mtp_bits, target),
         dflash=_load_dflash(dflash, target) if dflash is not None else None,
@@ -190,7 +192,21 @@ def _load_dflash(source, target):
     return load_dflash(source, target)
 
 
-def _auto_drafter(target, name: str, draft_bits: int | None):
+def load_draft(name, bits: int | None = None, vocab: int | None = None) -> LoadedModel:
+    """A draft model, at `bits` where given (a quantized one re-quantized where it holds more), its output layer cut
+    to its `vocab` hot tokens where given (hot_vocabulary.py). Either changes the draft's guesses and cost, never
+    the output; `variant` says which was done (its cost curve is kept apart)."""
+    draft = load_model(name, quantize_bits=bits, requantize=True)
+    if vocab is None or vocab >= draft.vocab_size:
+        return draft
+    from mlxspec.drafting.draft_model.hot_vocabulary import hot_vocabulary, with_hot_vocabulary
+
+    ids = hot_vocabulary(draft.tokenizer, draft.vocab_size, vocab)
+    model = with_hot_vocabulary(draft.model, ids, draft.vocab_size)
+    return replace(draft, model=model, variant=", ".join(x for x in (draft.variant, f"vocab {vocab}") if x))
+
+
+def _auto_drafter(target, name: str, draft_bits: int | None, draft_vocab: int | None = None):
     """--draft auto for a target of the user's own: the best drafter the local Hugging Face cache holds for it
     (discovery.py), loaded; a choice that fails to load is passed over, down to prompt lookup."""
     from mlxspec.drafting.discovery import ENTRY_ERRORS, AutoChoice, find_drafters
@@ -208,7 +224,7 @@ def _auto_drafter(target, name: str, draft_bits: int | None):
                 source = True if candidate.path == target.path else candidate.path
                 drafters.feature_head = _load_feature_head(None, source, None, target)
             else:
-                drafters.draft = load_model(candidate.path, quantize_bits=draft_bits)
+                drafters.draft = load_draft(candidate.path, draft_bits, draft_vocab)
             return AutoChoice(candidate, candidates, skipped, drafters)
         except ENTRY_ERRORS as error:  # a partial download, a format we refuse: say so and try the next
             reason = str(error).split(";")[0] if isinstance(error, UserError) else type(error).__name__

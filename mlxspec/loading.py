@@ -41,6 +41,7 @@ class LoadedModel:
     tokenizer: Any  # mlx_lm TokenizerWrapper
     config: dict
     path: Path
+    variant: str = ""  # how loading changed the stored weights ("draft-bits 4, vocab 32768"); "" when it did not
 
     @property
     def vocab_size(self) -> int:
@@ -160,9 +161,16 @@ def check_tokenizer_json(file: Path) -> None:
 
 
 def load_model(
-    name: str | Path, quantize_bits: int | None = None, group_size: int = 64, shard: Callable | None = None
+    name: str | Path,
+    quantize_bits: int | None = None,
+    group_size: int = 64,
+    shard: Callable | None = None,
+    requantize: bool = False,
 ) -> LoadedModel:
     """Load an mlx-lm model; on the CPU backend compute in float32, since half-precision matmul is emulated there.
+
+    requantize: a model already quantized is brought down to `quantize_bits` where it holds more (a draft's
+    weights only change its guesses, never the output); without it, quantizing a quantized model is refused.
 
     shard(model, config): split it across distributed ranks before any weight is read, so each rank reads only its
     part."""
@@ -185,16 +193,40 @@ def load_model(
         ) from None
     if shard is not None:
         shard(model, config)
+    variant = ""
     if quantize_bits:
         if quantize_bits not in (4, 8):
             raise UserError(f"--quantize-target {quantize_bits} is not supported; use 4 or 8")
-        if "quantization" in config:
+        if "quantization" in config and not requantize:
             raise UserError(f"'{name}' is already quantized; drop --quantize-target")
-        model, config = quantize_model(model, config, group_size, quantize_bits)
+        if "quantization" in config:
+            changed = requantized(model, quantize_bits, group_size)
+            variant = f"bits {quantize_bits}" + (f" ({', '.join(changed)})" if changed else " (as stored)")
+        else:
+            model, config = quantize_model(model, config, group_size, quantize_bits)
+            variant = f"bits {quantize_bits}"
     if on_cpu():
         widen_for_cpu(model)
     mx.eval(model.parameters())
-    return LoadedModel(model, tokenizer, config, path)
+    return LoadedModel(model, tokenizer, config, path, variant)
+
+
+def requantized(model: nn.Module, bits: int, group_size: int = 64) -> list[str]:
+    """Quantized layers held at more than `bits` re-quantized to `bits` (float16 scales), in place; what changed,
+    as "8-bit -> 4-bit" per distinct kind."""
+    changed = set()
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)) and module.bits > bits:
+            mode = getattr(module, "mode", "affine")
+            if mode != "affine":
+                continue
+            values = mx.dequantize(module.weight, module.scales, module.biases, module.group_size, module.bits)
+            weight, scales, biases = mx.quantize(values.astype(mx.float32), group_size, bits)
+            changed.add(f"{module.bits}-bit -> {bits}-bit")
+            module.weight, module.scales, module.biases = weight, scales.astype(mx.float16), biases.astype(mx.float16)
+            module.bits, module.group_size = bits, group_size
+            mx.eval(module.weight, module.scales, module.biases)
+    return sorted(changed)
 
 
 def widen_for_cpu(model: nn.Module) -> None:

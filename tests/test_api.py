@@ -147,6 +147,7 @@ def test_a_tree_that_no_longer_fits_the_context_is_dropped_cleanly(tiny_dirs):
     assert tree.tokens == plain.tokens and tree.finish_reason == "length"
 
 
+@pytest.mark.slow  # 10-15 s on 2 cores: in the whole suite, not the quick run
 def test_every_mode_fills_the_context_to_the_same_last_token(tiny_dirs):
     """At the end of the context plain decoding (which queues its next forward) and drafting stop at the same
     place: the last token fits when every token before it has a position (context - prompt + 1 tokens)."""

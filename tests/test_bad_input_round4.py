@@ -42,6 +42,7 @@ def test_an_xtc_special_token_outside_the_vocabulary_is_refused_by_name(spec, to
     assert f"0..{spec.vocab_size - 1}" in message
 
 
+@pytest.mark.slow  # 10-15 s on 2 cores: in the whole suite, not the quick run
 def test_xtc_special_tokens_inside_the_vocabulary_still_run(spec):
     options = DecodeOptions(temperature=0.8, xtc_probability=1.0, xtc_threshold=0.0, xtc_special_tokens=[0, 1])
     result = spec.generate("def f(", options=options, max_tokens=8, seed=3)

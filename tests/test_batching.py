@@ -64,6 +64,7 @@ PROMPTS = [
 ]
 
 
+@pytest.mark.slow  # 10-15 s on 2 cores: in the whole suite, not the quick run
 def test_greedy_rows_equal_their_solo_runs(embedded):
     spec = embedded
     options = [

@@ -45,6 +45,7 @@ def test_verbose_names_the_draft_auto_choice_and_why(cli_run, own_target):
     assert "--draft auto" not in err  # without -v nothing changes
 
 
+@pytest.mark.slow  # 10-15 s on 2 cores: in the whole suite, not the quick run
 def test_json_names_a_stored_tune_as_what_chose_the_drafter(cli_run):
     from mlxspec.bench.tune import Regime, Setting, save_tune
     from mlxspec.cli.tune import tune_key_for

@@ -122,8 +122,8 @@ def test_retokenizing_spells_exactly_the_drafts_text_after_the_targets_tokens(ot
     assert complete_utf8("日".encode()[:2]) == b"" and complete_utf8(b"ab" + "é".encode()) == b"ab" + "é".encode()
 
 
-@pytest.mark.parametrize(  # the other BPE (30 s on 2 cores) in the whole suite
-    "draft_name", [pytest.param("other_bpe_draft", marks=pytest.mark.slow), "grown_draft"]
+@pytest.mark.parametrize(  # 20-30 s each on 2 cores: in the whole suite
+    "draft_name", [pytest.param(name, marks=pytest.mark.slow) for name in ("other_bpe_draft", "grown_draft")]
 )
 def test_greedy_cross_tokenizer_drafting_equals_plain_decoding(draft_name, request):
     draft = request.getfixturevalue(draft_name)

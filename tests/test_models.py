@@ -52,7 +52,7 @@ def test_cpu_loading_computes_in_float32():
     assert {v.dtype for _, v in tree_flatten(model.parameters())} == {mx.float32}
 
 
-@pytest.mark.parametrize("num_draft", [1, 2, 4, 8])
+@pytest.mark.parametrize("num_draft", [1, 2, 4, pytest.param(8, marks=pytest.mark.slow)])  # k=8: the whole suite
 def test_embedded_greedy_equals_mlx_lm_greedy(num_draft):
     """The shipped pair, several held-out prompts: token-for-token equality with mlx-lm's own greedy decoding."""
     from helpers import assert_greedy_equal

@@ -195,6 +195,7 @@ def test_speculative_samples_on_a_hybrid_follow_the_target_distribution(sampling
     assert chi_square_pvalue(counts, exact_joint(draft, prompt, sampling, length)) < ALPHA
 
 
+@pytest.mark.slow  # 10-15 s on 2 cores: in the whole suite, not the quick run
 def test_cli_no_draft_plan_and_budget_work_on_recurrent_and_hybrid_models(mamba_dir, tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "mlxspec", *map(str, a)], capture_output=True, text=True)  # noqa: E731
     gen = run("generate", "abc", "--model", mamba_dir, "--no-draft", "--max-tokens", 4)

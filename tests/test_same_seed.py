@@ -62,8 +62,8 @@ def test_plain_decoding_with_a_seed_writes_mlx_lms_text(spec, settings):
     assert got.tokens == want
 
 
-@pytest.mark.parametrize(  # top-p (20 s on 2 cores) in the whole suite
-    "settings", [SETTINGS[0], pytest.param(*SETTINGS[1].values, marks=pytest.mark.slow, id="T0.7-top-p")]
+@pytest.mark.parametrize(  # 20-27 s each on 2 cores: in the whole suite
+    "settings", [pytest.param(*s.values, marks=pytest.mark.slow, id=s.id) for s in SETTINGS[:2]]
 )
 def test_every_draft_length_and_drafter_writes_the_same_text_for_a_seed(spec, settings):
     """The draft model at k = 1..4 and auto, a draft-model tree, lookup, and the EAGLE head, Medusa heads and DFlash
@@ -92,6 +92,7 @@ def test_every_draft_length_and_drafter_writes_the_same_text_for_a_seed(spec, se
             assert result.tokens == want, (heads, changes)
 
 
+@pytest.mark.slow  # 10-15 s on 2 cores: in the whole suite, not the quick run
 def test_a_seeded_row_writes_its_text_alone_in_a_batch_and_after_a_prompt_cache_hit(spec):
     """Eight seeded requests of different lengths through three batch rows (rows arriving and leaving between
     steps), and the same requests again on a Speculator whose prompt cache holds them: every text is the one the

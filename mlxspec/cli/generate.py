@@ -40,6 +40,8 @@ def check_contradictions(p: dict) -> None:
         raise UserError(f"--mtp-bits {p['mtp_bits']} quantizes an MTP head, and this run has none; pass --mtp too")
     if p["draft_bits"] and (p["no_draft"] or heads):
         raise UserError(f"--draft-bits {p['draft_bits']} quantizes a draft model, and this run has none")
+    if p.get("draft_vocab") and (p["no_draft"] or heads):
+        raise UserError(f"--draft-vocab {p['draft_vocab']} cuts a draft model's output layer, and this run has none")
     if p["memory_budget"] is not None:  # an empty value is refused by name, not ignored
         from mlxspec.plan.devices import parse_size
 
@@ -137,6 +139,7 @@ def _load(p: dict, options: DecodeOptions, prompt_chars: int, echo: Callable, pr
     settings = {
         "quantize_target": int(p["quantize_target"]) if p["quantize_target"] else None,
         "draft_bits": int(p["draft_bits"]) if p["draft_bits"] else None,
+        "draft_vocab": p.get("draft_vocab"),
         "kv_bits": options.kv_bits,
         "draft_window": options.draft_window,
     }

@@ -44,7 +44,18 @@ MODEL_OPTIONS = [
         help="Tokens drafted per step, 1-64, or 'auto' [default: auto, adapted to acceptance and measured cost].",
     ),
     click.option("--quantize-target", type=click.Choice(["4", "8"]), default=None, help="Quantize the target on load."),
-    click.option("--draft-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize the draft model on load."),
+    click.option(
+        "--draft-bits",
+        type=click.Choice(["4", "8"]),
+        default=None,
+        help="Quantize the draft model on load (a quantized one re-quantized where it holds more bits).",
+    ),
+    click.option(
+        "--draft-vocab",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Cut the draft model's output layer to its N most frequent tokens (FR-Spec); output stays exact.",
+    ),
     click.option("--kv-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize both KV caches."),
     click.option(
         "--kernel",

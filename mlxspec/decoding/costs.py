@@ -198,14 +198,16 @@ def cached_curve(
     draft_path: Path | None,
     refresh: bool = False,
     kernel: str = "none",
+    variants: tuple[str, ...] = (),
     **kwargs,
 ) -> CostCurve:
     """The cost curve for this device, BLAS, kernel and model pair, measured once and then read from the cache.
 
     A stored curve that lacks one of the requested sizes is measured again rather than extrapolated, and so is one
     measured on a busy machine (spread over SPREAD_LIMIT), up to MAX_ATTEMPTS times, keeping the quietest: one
-    noisy measurement never decides for good. `refresh` (tune --remeasure) measures again whatever is stored."""
-    key = _key(kernel, target_path, draft_path)
+    noisy measurement never decides for good. `refresh` (tune --remeasure) measures again whatever is stored.
+    `variants`: how loading changed the models' stored weights (a draft re-quantized or its vocabulary cut)."""
+    key = "|".join([_key(kernel, target_path, draft_path), *(v for v in variants if v)])
     try:
         stored = json.loads((cache_dir() / CURVES_FILE).read_text())
         stored = stored if isinstance(stored, dict) else {}
@@ -303,6 +305,7 @@ def model_curve(
         draft.path if draft else None,
         refresh=refresh,
         kernel=backend.name if backend is not None else "none",
+        variants=(target.variant, draft.variant if draft else ""),
         sizes=sizes,
     )
 

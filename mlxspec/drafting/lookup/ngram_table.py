@@ -36,7 +36,7 @@ def successor_table(token_ids: list[list[int]], vocab_size: int) -> np.ndarray:
     return table
 
 
-def _tokenizer_key(tokenizer: Any) -> str:
+def tokenizer_key(tokenizer: Any) -> str:
     vocab = sorted(tokenizer.get_vocab().items())
     return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
@@ -45,7 +45,7 @@ def corpus_successors(tokenizer: Any, vocab_size: int) -> np.ndarray:
     """The successor table of the stdlib training files for this tokenizer, built once and then cached."""
     from mlxspec.drafting.lookup.corpus import read_text, split_files
 
-    path = cache_dir() / f"successors-{_tokenizer_key(tokenizer)}-{vocab_size}.npy"
+    path = cache_dir() / f"successors-{tokenizer_key(tokenizer)}-{vocab_size}.npy"
     try:
         return np.load(path)
     except (OSError, ValueError):
