@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--lookup", action="store_true", help="also lookup k=4 and lookup + draft")
+    ap.add_argument("--auto", action="store_true", help="also -k auto for each variant")
     ap.add_argument("--json")
     args = ap.parse_args()
     lengths = args.k or [2, 4]
@@ -65,7 +66,8 @@ def main() -> None:
     modes = [("plain", "plain", dict(use_draft=False))]
     for variant in args.variants.split(","):
         modes += [(f"draft {variant} k={k}", variant, dict(num_draft=k)) for k in lengths]
-        modes.append((f"draft {variant} k=auto", variant, dict(num_draft="auto")))
+        if args.auto:  # measures a cost curve per variant first (about 3 minutes each on 2 cores)
+            modes.append((f"draft {variant} k=auto", variant, dict(num_draft="auto")))
         if args.lookup:
             modes.append((f"lookup+draft {variant} k=4", variant, dict(num_draft=4, lookup=True)))
     if args.lookup:
