@@ -74,7 +74,10 @@ def test_greedy_rows_equal_their_solo_runs(embedded):
         DecodeOptions(max_tokens=40, stop=["\n\n"], stop_at_eos=False),  # adaptive k, a stop string
         DecodeOptions(max_tokens=40, num_draft=3, tree_topk=2, stop_at_eos=False),  # a tree: its forward alone
     ]
-    solo = [mlxspec.load().generate(p, o) for p, o in zip(PROMPTS, options)]
+    # The solo runs on the same load: whether a draft can pay is decided from this load's timings (the compiled
+    # chain is timed once per load), so a fresh load on a noisy machine may decide otherwise and decode plainly.
+    solo = [spec.generate(p, o) for p, o in zip(PROMPTS, options)]
+    spec.prompt_cache.clear()  # the batch starts cold, as the solo runs did
     batch = spec.generate_batch(PROMPTS, options)
     for got, want in zip(batch, solo):
         assert got.tokens == want.tokens and got.text == want.text and got.finish_reason == want.finish_reason
