@@ -18,6 +18,7 @@
 #include "mlx/types/bf16.h"
 #include "mlx/types/half_types.h"
 #include "cpu_common.h"
+#include "half_convert.h"
 #include "thread_pool.h"
 
 namespace mlxspec {
@@ -159,8 +160,8 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
   for (int64_t g = 0; g < r.groups; ++g) {
     float scale[CB], bias[CB];
     for (int j = 0; j < CB; ++j) {
-      scale[j] = static_cast<float>(r.scales[(first + j) * r.groups + g]);
-      bias[j] = static_cast<float>(r.biases[(first + j) * r.groups + g]);
+      scale[j] = to_float(r.scales[(first + j) * r.groups + g]);
+      bias[j] = to_float(r.biases[(first + j) * r.groups + g]);
     }
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += kPerChunk) {
       for (int j = 0; j < CB; ++j) {
@@ -223,8 +224,8 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
   for (int64_t g = 0; g < r.groups; ++g) {
     vfloat scale[CB], bias[CB];
     for (int j = 0; j < CB; ++j) {
-      scale[j] = splat(static_cast<float>(r.scales[(first + j) * r.groups + g]));
-      bias[j] = splat(static_cast<float>(r.biases[(first + j) * r.groups + g]));
+      scale[j] = splat(to_float(r.scales[(first + j) * r.groups + g]));
+      bias[j] = splat(to_float(r.biases[(first + j) * r.groups + g]));
     }
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += kPerChunk) {
       for (int j = 0; j < CB; ++j) {
