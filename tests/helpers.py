@@ -102,3 +102,13 @@ def assert_one_line(result, *fragments):
     assert "Traceback" not in err and len(lines) == 1, err
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+def stored_curve(draft_one: float, verify_slope: float = 0.5):
+    """A cost curve as if this device had measured it (one target token 10 ms, each more `verify_slope` of one;
+    a draft forward `draft_one` s): whether drafting pays on the machine running the tests is a timing, which
+    belongs in benchmarks, so a test of what drafts is given its device's costs."""
+    from mlxspec.decoding.costs import CostCurve
+
+    sizes = (1, 2, 4, 8, 16, 32, 64)
+    return CostCurve({n: 0.01 * (1 + verify_slope * (n - 1)) for n in sizes}, draft_one, 256, "openblas")
