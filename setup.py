@@ -59,7 +59,9 @@ class OptionalKernelBuild(CMakeBuild):
         if kept.is_dir() and any(kept.iterdir()):
             out_dir.mkdir(parents=True, exist_ok=True)
             for path in kept.iterdir():
-                shutil.copy2(path, out_dir / path.name)
+                # a fresh mtime: setuptools copies an extension into the checkout (editable installs) only where
+                # it is newer than the one there, so copy2's old time left a stale kernel in place
+                shutil.copy(path, out_dir / path.name)
             print(f"mlxspec: reusing the verify kernel built earlier ({kept})", file=sys.stderr)
             return
         super().build_extension(ext)

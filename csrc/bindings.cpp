@@ -23,8 +23,9 @@ NB_MODULE(_verify_kernel, m) {
   m.def("verify_matmul", &mlxspec::verify_matmul, "x"_a, "w"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x @ w.T for float32/bfloat16/float16 x and w [N, K], row results independent of the row count.");
   m.def("verify_qmatmul", &mlxspec::verify_qmatmul, "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
-        nb::kw_only(), "stream"_a = nb::none(),
-        "x @ dequantize(w).T for mlx-lm's affine 4- and 8-bit weights (transpose=True layout).");
+        nb::kw_only(), "int8_activations"_a = false, "stream"_a = nb::none(),
+        "x @ dequantize(w).T for mlx-lm's affine weights (transpose=True layout); int8_activations=True quantizes "
+        "x per block of 32 to int8 first (lossy, opt-in; 4, 5 and 8 bits).");
   m.def("verify_attention", &mlxspec::verify_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a = nb::none(),
         "causal"_a = false, nb::kw_only(), "stream"_a = nb::none(),
         "Attention for a step's few query rows, each row's output independent of the row count and masked keys.");
@@ -35,6 +36,7 @@ NB_MODULE(_verify_kernel, m) {
   m.def("top_candidates", &mlxspec::top_candidates, "x"_a, "count"_a, nb::kw_only(), "stream"_a = nb::none(),
         "(values [N, C], indices [N, C] uint32): each row's C largest, best first, ties by lower index.");
   m.def("affine_reference", &mlxspec::affine_reference, "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a,
-        "bits"_a, "The scalar reference of verify_qmatmul, accumulated in double (for the tests).");
+        "bits"_a, "int8_activations"_a = false,
+        "The scalar reference of verify_qmatmul, accumulated in double (for the tests).");
   m.def("threads", &mlxspec::kernel_threads, "Threads the kernel splits its columns over.");
 }

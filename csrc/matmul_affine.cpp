@@ -18,6 +18,7 @@
 #include "mlx/types/bf16.h"
 #include "mlx/types/half_types.h"
 #include "cpu_common.h"
+#include "affine_codes.h"
 #include "half_convert.h"
 #include "thread_pool.h"
 
@@ -98,55 +99,6 @@ struct Rows {
 // The AVX2 tile, in its own 8-lane registers (64-byte generic vectors spill on AVX2's 16 registers): RB rows of x
 // (permuted to the codes' order) and CB weight rows from `first`. Each 16 bytes of codes are widened, dequantized
 // (scale * q + bias, one FMA per 8 lanes) and multiplied into two accumulators per (row, weight row).
-inline __m256 widen8(__m128i bytes) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-}
-
-inline float reduce8(__m256 a, __m256 b) {  // one fixed order for every dot product
-  const __m256 sum = _mm256_add_ps(a, b);
-  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-  const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_movehdup_ps(quarter)));
-}
-
-// Sixteen codes of Bits (2, 3, 5 or 6) from 2 * Bits bytes of MLX's little-endian bit stream, as two vectors of
-// eight: both halves of a register hold the 16 bytes read, each 32-bit lane takes the four bytes that hold its code
-// (one byte shuffle), shifts it down and masks it. One 16-byte load: narrower copies stall store forwarding.
-template <int Bits>
-struct StreamCodes {
-  __m256i select[2], shifts, mask;
-  StreamCodes() {
-    alignas(32) int8_t bytes[2][32];
-    alignas(32) int32_t shift[8];
-    for (int part = 0; part < 2; ++part) {
-      for (int i = 0; i < 8; ++i) {
-        const int first = Bits * i / 8;
-        for (int b = 0; b < 4; ++b) bytes[part][i * 4 + b] = int8_t(std::min(part * Bits + first + b, 15));
-        shift[i] = Bits * i - 8 * first;
-      }
-      select[part] = _mm256_load_si256(reinterpret_cast<const __m256i*>(bytes[part]));
-    }
-    shifts = _mm256_load_si256(reinterpret_cast<const __m256i*>(shift));
-    mask = _mm256_set1_epi32((1 << Bits) - 1);
-  }
-  void operator()(const uint8_t* p, const uint8_t* end, __m256& first, __m256& second) const {
-    __m128i bytes;
-    if (p + 16 <= end) {
-      bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    } else {  // the weights' last bytes: never read past them
-      alignas(16) uint8_t tail[16] = {};
-      std::memcpy(tail, p, 2 * Bits);
-      bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
-    }
-    const __m256i both = _mm256_broadcastsi128_si256(bytes);
-    first = code_lanes(_mm256_shuffle_epi8(both, select[0]));
-    second = code_lanes(_mm256_shuffle_epi8(both, select[1]));
-  }
-  __m256 code_lanes(__m256i spread) const {
-    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(spread, shifts), mask));
-  }
-};
-
 template <int Bits, int RB, int CB, typename Scale>
 void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
   static const StreamCodes<(Bits == 4 || Bits == 8) ? 2 : Bits> stream;

@@ -22,6 +22,7 @@
 #include "cpu_common.h"
 #include "half_convert.h"
 #include "matmul_affine.h"
+#include "matmul_affine_q8.h"
 #include "thread_pool.h"
 
 namespace mlxspec {
@@ -226,6 +227,7 @@ struct Problem {
   Dtype w_dtype = float32;  // the dense weights' dtype, or the scales' dtype when quantized
   int64_t m, k, n;
   int group_size, bits;
+  bool int8_activations = false;  // quantized weights against int8 activations (matmul_affine_q8.h)
   const char* x;
   const char* w;
   const char* scales;
@@ -236,17 +238,14 @@ struct Problem {
 template <typename Scale>
 void run_affine(const Problem& p, const float* xp, float* y) {
   // Quantized K is a multiple of the group (>= 32), so x needs no padding: the rows are xp as they are.
-  affine_matmul(
-      xp,
-      p.m,
-      p.k,
-      p.n,
-      reinterpret_cast<const uint8_t*>(p.w),
-      reinterpret_cast<const Scale*>(p.scales),
-      reinterpret_cast<const Scale*>(p.biases),
-      p.group_size,
-      p.bits,
-      y);
+  const auto* codes = reinterpret_cast<const uint8_t*>(p.w);
+  const auto* scales = reinterpret_cast<const Scale*>(p.scales);
+  const auto* biases = reinterpret_cast<const Scale*>(p.biases);
+  if (p.int8_activations) {
+    affine_matmul_q8(xp, p.m, p.k, p.n, codes, scales, biases, p.group_size, p.bits, y);
+  } else {
+    affine_matmul(xp, p.m, p.k, p.n, codes, scales, biases, p.group_size, p.bits, y);
+  }
 }
 
 thread_local std::vector<float> tls_x;
@@ -300,6 +299,16 @@ Shape output_shape(const array& x, int64_t n) {
   return shape;
 }
 
+template <typename Scale>
+void reference_of(const array& xf, int64_t m, int64_t k, int64_t n, const uint8_t* codes, const Scale* scales,
+                  const Scale* biases, int group_size, int bits, bool int8_activations, float* y) {
+  if (int8_activations) {
+    affine_matmul_q8_reference(xf.data<float>(), m, k, n, codes, scales, biases, group_size, bits, y);
+  } else {
+    affine_matmul_reference(xf.data<float>(), m, k, n, codes, scales, biases, group_size, bits, y);
+  }
+}
+
 }  // namespace
 
 ForkJoinPool& kernel_pool() {
@@ -338,9 +347,13 @@ array verify_qmatmul(
     const array& biases,
     int group_size,
     int bits,
+    bool int8_activations,
     StreamOrDevice s) {
   if (bits < 2 || bits > 8 || bits == 7) {
     throw std::invalid_argument("[verify_qmatmul] supports 2, 3, 4, 5, 6 and 8 bits.");
+  }
+  if (int8_activations && !affine_q8_supported(bits)) {
+    throw std::invalid_argument("[verify_qmatmul] int8 activations take 4-, 5- and 8-bit weights.");
   }
   if (group_size != 32 && group_size != 64 && group_size != 128) {
     throw std::invalid_argument("[verify_qmatmul] supports group sizes 32, 64 and 128.");
@@ -360,7 +373,7 @@ array verify_qmatmul(
   return array(
       output_shape(x, w.shape(0)),
       x.dtype(),
-      std::make_shared<VerifyMatmul>(stream, group_size, bits),
+      std::make_shared<VerifyMatmul>(stream, group_size, bits, int8_activations),
       {contiguous(x, false, stream),
        contiguous(w, false, stream),
        contiguous(scales, false, stream),
@@ -368,7 +381,13 @@ array verify_qmatmul(
 }
 
 array affine_reference(
-    const array& x, const array& w, const array& scales, const array& biases, int group_size, int bits) {
+    const array& x,
+    const array& w,
+    const array& scales,
+    const array& biases,
+    int group_size,
+    int bits,
+    bool int8_activations) {
   array xf = astype(x, float32, Device::cpu);
   std::vector<array> inputs{xf, w, scales, biases};
   eval(inputs);
@@ -376,18 +395,12 @@ array affine_reference(
   std::vector<float> y(m * n);
   const auto* codes = w.data<uint8_t>();
   switch (scales.dtype()) {
-    case float32:
-      affine_matmul_reference(xf.data<float>(), m, k, n, codes, scales.data<float>(), biases.data<float>(),
-                              group_size, bits, y.data());
-      break;
-    case bfloat16:
-      affine_matmul_reference(xf.data<float>(), m, k, n, codes, scales.data<bfloat16_t>(), biases.data<bfloat16_t>(),
-                              group_size, bits, y.data());
-      break;
-    default:
-      affine_matmul_reference(xf.data<float>(), m, k, n, codes, scales.data<float16_t>(), biases.data<float16_t>(),
-                              group_size, bits, y.data());
-      break;
+    case float32: reference_of(xf, m, k, n, codes, scales.data<float>(), biases.data<float>(), group_size, bits,
+                               int8_activations, y.data()); break;
+    case bfloat16: reference_of(xf, m, k, n, codes, scales.data<bfloat16_t>(), biases.data<bfloat16_t>(), group_size,
+                                bits, int8_activations, y.data()); break;
+    default: reference_of(xf, m, k, n, codes, scales.data<float16_t>(), biases.data<float16_t>(), group_size, bits,
+                          int8_activations, y.data()); break;
   }
   return array(y.begin(), Shape{int(m), int(n)}, float32);
 }
@@ -410,6 +423,7 @@ void VerifyMatmul::eval_cpu(const std::vector<array>& inputs, array& out) {
   p.n = out.shape(-1);
   p.group_size = group_size_;
   p.bits = bits_;
+  p.int8_activations = int8_activations_;
   p.x = x.data<char>();
   p.w = w.data<char>();
   p.scales = bits_ ? inputs[2].data<char>() : nullptr;
@@ -425,7 +439,7 @@ void VerifyMatmul::eval_gpu(const std::vector<array>&, array&) {
 
 bool VerifyMatmul::is_equivalent(const Primitive& other) const {
   const auto& o = static_cast<const VerifyMatmul&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_activations_ == o.int8_activations_;
 }
 
 std::vector<Shape> VerifyMatmul::output_shapes(const std::vector<array>& inputs) {

@@ -23,20 +23,28 @@ array verify_qmatmul(
     const array& biases,
     int group_size,
     int bits,
+    bool int8_activations = false,
     StreamOrDevice s = {});
 
 // The scalar reference of verify_qmatmul (double accumulation, on the host): x [M, K] -> [M, N] float32.
 array affine_reference(
-    const array& x, const array& w, const array& scales, const array& biases, int group_size, int bits);
+    const array& x,
+    const array& w,
+    const array& scales,
+    const array& biases,
+    int group_size,
+    int bits,
+    bool int8_activations = false);
 
 // The number of threads the kernel splits the output columns over.
 int kernel_threads();
 
 class VerifyMatmul : public mlx::core::UnaryPrimitive {
  public:
-  // bits == 0: dense weights; 4 or 8: affine-quantized with the given group size.
-  VerifyMatmul(mlx::core::Stream stream, int group_size, int bits)
-      : UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+  // bits == 0: dense weights; 2..8: affine-quantized with the given group size, against int8 activations when
+  // int8_activations (matmul_affine_q8.h).
+  VerifyMatmul(mlx::core::Stream stream, int group_size, int bits, bool int8_activations = false)
+      : UnaryPrimitive(stream), group_size_(group_size), bits_(bits), int8_activations_(int8_activations) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override;
   void eval_gpu(const std::vector<array>& inputs, array& out) override;
@@ -50,6 +58,7 @@ class VerifyMatmul : public mlx::core::UnaryPrimitive {
  private:
   int group_size_;
   int bits_;
+  bool int8_activations_;
 };
 
 }  // namespace mlxspec

@@ -17,7 +17,8 @@ from mlxspec.errors import UserError
 MIN_TEMPERATURE = 1e-6
 # Far above this, 1/T underflows float32 to 0, and a filtered -inf logit times 0 is NaN (every token the last id).
 MAX_TEMPERATURE = 1e30
-KERNEL_CHOICES = ("auto", "on", "off")  # the verify kernel (kernels/verify.py): on where built, always, never
+KERNEL_CHOICES = ("auto", "on", "off", "int8")  # the verify kernel (kernels/verify.py): on where built, always, never,
+# or on with int8 activations against quantized weights (lossy: an explicit opt-in, never chosen for the user)
 ACCEPTANCE_CHOICES = ("coupled", "residual")  # how sampled drafts are verified (DecodeOptions.acceptance)
 MAX_TOP_LOGPROBS = 20  # alternatives reported per token, as OpenAI's top_logprobs allows
 MAX_CONTEXT_SIZE = 1 << 20  # a penalty's context: more tokens than any context window holds
@@ -148,7 +149,7 @@ class DecodeOptions:
     suffix: bool = False  # lookup also searches the suffix cache of earlier requests (Speculator(suffix_cache=N))
     kv_bits: int | None = None  # quantize both KV caches (4 or 8)
     draft_window: int | None = None  # cap the draft model's KV cache at this many tokens
-    kernel: str = "auto"  # the verify kernel (verify_kernel.py): auto (on where built for the device), on, off
+    kernel: str = "auto"  # the verify kernel (kernels/verify.py): auto (on where built for the device), on, off, int8
 
     @classmethod
     def sampling_as(cls, sampling: SamplingConfig, **changes: Any) -> DecodeOptions:

@@ -202,7 +202,8 @@ class Speculator:
         stats.mode = describe_drafter(drafter, options)
         depth = min(options.depth, drafter.max_depth or options.depth) if drafter is not None else 0
         stats.num_draft = 0 if drafter is None else ("auto" if controller is not None else depth)
-        reuse = self._reuse(tokens, drafter, options)
+        arithmetic = backend.name if backend is not None else "mlx"
+        reuse = self._reuse(tokens, drafter, options, arithmetic)
         if self.prompt_cache is not None:
             stats.reused_tokens, stats.prompt_cache = reuse.target_tokens, reuse.how
         engine = build_engine(
@@ -224,7 +225,7 @@ class Speculator:
             yield from self._run(engine, reuse, tokens, options, stats, healed_text)
         finally:  # finished, stopped by the caller, or failed: only a run that is between steps leaves a usable state
             if self.prompt_cache is not None:
-                self.prompt_cache.keep(engine.kept_state(), options.drafting_key)
+                self.prompt_cache.keep(engine.kept_state(), options.drafting_key, arithmetic)
             if self.suffix_index is not None:  # the output (committed tokens), after the prompt's last few tokens
                 self.suffix_index.add(engine.history[max(0, len(tokens) - self.suffix_index.max_ngram) :])
 
@@ -242,12 +243,13 @@ class Speculator:
             )
         return self._routed_counts[key]
 
-    def _reuse(self, tokens: list[int], drafter: Drafter | None, options: DecodeOptions) -> Reuse:
-        """The caches the last run left that this prompt can continue from, or a cold start (prompt_cache.py)."""
+    def _reuse(self, tokens: list[int], drafter: Drafter | None, options: DecodeOptions, arithmetic: str) -> Reuse:
+        """The caches the last run left that this prompt can continue from, or a cold start (prompt_cache.py);
+        `arithmetic`: the kernel that computes this run (a cache from another one is not reused)."""
         if self.prompt_cache is None:
             return Reuse(None, 0, drafter, 0, "")
         spec = CacheSpec(rollback_room(drafter, options.depth, options.max_nodes), options.kv_bits)
-        return self.prompt_cache.take(tokens, spec, drafter, options.drafting_key)
+        return self.prompt_cache.take(tokens, spec, drafter, options.drafting_key, arithmetic)
 
     def _run(self, engine, reuse: Reuse, tokens, options: DecodeOptions, stats: Stats, healed_text: str):
         mx.reset_peak_memory()

@@ -2,6 +2,7 @@
 bfloat16, and the affine formats a GGUF converts into (groups of 32: 4-bit with float32 scales as Q4_K becomes,
 5-bit and 8-bit with float16 scales as Q5_0 and Q8_0/Q6_K become), at M = 1, 4, 5 and 8 rows, on the real models'
 shapes, beside a STREAM-like read of one large array by numpy (one thread) and MLX's own quantized_matmul at M = 1.
+Rows marked "x int8" are the same weights against int8 activations (`--activations int8`, lossy, opt-in).
 
     python scripts/bench_qmatmul.py [--repeats 15]
 
@@ -48,6 +49,7 @@ def main() -> None:
         for bits, scales in ((4, mx.float32), (5, mx.float16), (8, mx.float16)):
             q, s, b = mx.quantize(w, group_size=32, bits=bits)
             formats[f"{bits}-bit"] = (q, s.astype(scales), b.astype(scales))
+            formats[f"{bits}-bit x int8"] = formats[f"{bits}-bit"]
         mx.eval(formats)
         times: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.repeats):
@@ -58,6 +60,8 @@ def main() -> None:
                     start = time.perf_counter()
                     if len(parts) == 1:
                         mx.eval(backend.matmul(x, parts[0]))
+                    elif name.endswith("int8"):
+                        mx.eval(backend.module.verify_qmatmul(x, *parts, 32, int(name[0]), int8_activations=True))
                     else:
                         mx.eval(backend.qmatmul(x, *parts, 32, int(name[0])))
                     times.setdefault((name, m), []).append(time.perf_counter() - start)
@@ -67,7 +71,7 @@ def main() -> None:
             speeds = [nbytes / statistics.median(times[(name, m)]) / 2**30 for m in ROWS]
             v5 = statistics.median(times[(name, 5)]) / statistics.median(times[(name, 1)])
             cells = " ".join(f"M={m}: {s:5.1f}" for m, s in zip(ROWS, speeds))
-            print(f"  {name:9s} {cells} GiB/s  v(5) = {v5:.2f}")
+            print(f"  {name:14s} {cells} GiB/s  v(5) = {v5:.2f}")
         q = formats["4-bit"]
         x = mx.random.normal((1, k))
         start = time.perf_counter()

@@ -1,11 +1,12 @@
 """Perplexity of a GGUF's conversion at its own bits against the file's float dequantization, on held-out text.
 
-    python scripts/perplexity.py MODEL.gguf [--tokens 2048] [--window 512] [--text FILE ...]
+    python scripts/perplexity.py MODEL.gguf [--tokens 2048] [--window 512] [--text FILE ...] [--int8]
 
 The float model is built from the file itself (the gguf package's dequantization, llama.cpp's transforms undone,
 float32); the converted one is what `mlxspec generate --model MODEL.gguf` loads (exact block types exact, Q6_K
 re-quantized to 8 bits). Both score the same tokens in windows; the default text is mlxspec's own README and
-docs, written after either model was trained. Prints one JSON line.
+docs, written after either model was trained. `--int8` also scores the conversion with int8 activations
+(`--kernel int8`). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from mlxspec.gguf.architectures import architecture_of, mlx_name, undo_transform
 from mlxspec.gguf.convert import converted_dir  # noqa: E402
 from mlxspec.gguf.header import read_header  # noqa: E402
 from mlxspec.gguf.weights import float_values, raw_blocks  # noqa: E402
-from mlxspec.kernels.verify import cpu_backend, routed_view  # noqa: E402
+from mlxspec.kernels.verify import cpu_backend, int8_backend, routed_view  # noqa: E402
 from mlxspec.loading import load_model  # noqa: E402
 
 DEFAULT_TEXT = [ROOT / "README.md", ROOT / "docs" / "how-it-works.md", ROOT / "docs" / "planner.md"]
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--text", type=Path, nargs="*", default=DEFAULT_TEXT)
     parser.add_argument("--converted", type=Path, help="its conversion, if made elsewhere (fetch_real_model.py)")
+    parser.add_argument("--int8", action="store_true", help="also score it with int8 activations (--kernel int8)")
     args = parser.parse_args()
     folder = args.converted or converted_dir(args.gguf)
     converted = load_model(folder)
@@ -78,6 +80,7 @@ def main() -> None:
     tokens = converted.tokenizer.encode(text)[: args.tokens + 1]
     backend = cpu_backend()[0]  # both through the kernel, as generation runs them (MLX's CPU ops are far slower)
     own_bits = mean_nll(routed_view(converted.model, backend, attention=False), tokens, args.window)
+    int8 = mean_nll(routed_view(converted.model, int8_backend(), attention=False), tokens, args.window) if args.int8 else None
     del converted
     reference = float_model(args.gguf, json.loads((folder / "config.json").read_text()))
     floats = mean_nll(routed_view(reference, backend, attention=False), tokens, args.window)
@@ -89,6 +92,8 @@ def main() -> None:
         "change": math.exp(own_bits - floats) - 1,
         "weights": json.loads((folder / "gguf_source.json").read_text()).get("weights"),
     }
+    if int8 is not None:
+        result |= {"perplexity_int8": math.exp(int8), "change_int8": math.exp(int8 - floats) - 1}
     print(json.dumps(result))
 
 

@@ -59,11 +59,12 @@ MODEL_OPTIONS = [
     click.option("--kv-bits", type=click.Choice(["4", "8"]), default=None, help="Quantize both KV caches."),
     click.option(
         "--kernel",
-        type=click.Choice(["auto", "on", "off"]),
+        type=click.Choice(["auto", "on", "off", "int8"]),
         default="auto",
         show_default=True,
         help="The verify kernel (reads each weight once for all verified tokens): auto uses it where built for the "
-        "device.",
+        "device. int8: activations rounded to int8 per block of 32 against 4-, 5- and 8-bit weights, as llama.cpp "
+        "computes (lossy: a different model's text; see docs/benchmarks.md).",
     ),
     click.option(
         "--draft-window", type=click.IntRange(min=1), default=None, help="Cap the draft's KV cache at this many tokens."

@@ -63,6 +63,7 @@ def target_points(
 class Entry:
     state: EngineState  # what a finished (or stopped) run left
     drafter_key: tuple  # DecodeOptions.drafting_key of that run: its drafter continues only under the same key
+    arithmetic: str = ""  # the kernel (or MLX's ops) that computed its caches: another one's KV is another model's
 
 
 def snapshot_at(state: EngineState) -> int | None:
@@ -101,17 +102,22 @@ class PromptCache:
     def clear(self) -> None:
         self.entries = []
 
-    def keep(self, state: EngineState | None, drafter_key: tuple) -> None:
+    def keep(self, state: EngineState | None, drafter_key: tuple, arithmetic: str = "") -> None:
         """Keep a finished run's state (None, from a run that failed mid-step: nothing to keep)."""
         if state is None:
             return
-        self.entries = [Entry(state, drafter_key)] + [e for e in self.entries if e.state.cache is not state.cache]
+        entry = Entry(state, drafter_key, arithmetic)
+        self.entries = [entry] + [e for e in self.entries if e.state.cache is not state.cache]
         del self.entries[self.capacity :]
 
-    def take(self, prompt: list[int], spec: CacheSpec, fresh_drafter: Drafter | None, drafter_key: tuple) -> Reuse:
+    def take(
+        self, prompt: list[int], spec: CacheSpec, fresh_drafter: Drafter | None, drafter_key: tuple, arithmetic: str = ""
+    ) -> Reuse:
         """The kept state cut back for `prompt`, or a cold start with `fresh_drafter`. Hands the kept caches over:
-        the entry leaves the cache until the new run keeps its own state."""
-        scored = [(reachable(e.state, prompt), e) for e in self.entries if e.state.cache_spec == spec]
+        the entry leaves the cache until the new run keeps its own state. Only an entry computed by the same
+        `arithmetic` (kernel) serves: `--kernel int8` after a float run would otherwise continue float KV."""
+        usable = [e for e in self.entries if e.state.cache_spec == spec and e.arithmetic == arithmetic]
+        scored = [(reachable(e.state, prompt), e) for e in usable]
         reach, best = max(scored, key=lambda pair: pair[0], default=(0, None))  # ties: the most recent
         if reach == 0:  # nothing shares a prefix with this prompt: every entry stays for its own conversation
             return Reuse(None, 0, fresh_drafter, 0, COLD)

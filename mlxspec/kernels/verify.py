@@ -79,6 +79,20 @@ class CPUExtension:
         return values, indices.astype(mx.int32)
 
 
+class CPUInt8Activations(CPUExtension):
+    """The same kernel with activations rounded to int8 per block of 32 against 4-, 5- and 8-bit weights, integer
+    dot products as llama.cpp's CPU path computes (`--kernel int8`): lossy, so only ever chosen by name. Other
+    weights (float, 2/3/6-bit) keep float32 activations. Rows stay independent of M: speculative output still
+    equals plain decoding in this mode bit for bit."""
+
+    name = "cpu-int8"
+    INT8_BITS = (4, 5, 8)
+
+    def qmatmul(self, x, w, scales, biases, group_size: int, bits: int) -> mx.array:
+        int8 = bits in self.INT8_BITS
+        return self.module.verify_qmatmul(x, w, scales, biases, group_size, bits, int8_activations=int8, stream=mx.cpu)
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_backend() -> tuple[CPUExtension | None, str]:
     """(the CPU backend, "") or (None, why not): not built, built for another MLX, or failing its self-test."""
@@ -107,15 +121,24 @@ def resolve(choice: str) -> tuple[VerifyBackend | None, str]:
         raise UserError(f"kernel {choice!r} is not one of {', '.join(KERNEL_CHOICES)}")
     if choice == "off":
         return None, "off (kernel='off')"
+    named = choice in ("on", "int8")  # asked for by name: refused where it cannot run, never silently replaced
     if mx.default_device() != mx.cpu:
         why = f"no verify kernel for {mx.default_device()} yet; MLX's matmul is used"
-        if choice == "on":
-            raise UserError(f"--kernel on: {why}; use --kernel auto or off")
+        if named:
+            raise UserError(f"--kernel {choice}: {why}; use --kernel auto or off")
         return None, f"off ({why})"
     backend, why = cpu_backend()
-    if backend is None and choice == "on":
-        raise UserError(f"--kernel on: the verify kernel is unavailable: {why}; use --kernel auto or off")
+    if backend is None and named:
+        raise UserError(f"--kernel {choice}: the verify kernel is unavailable: {why}; use --kernel auto or off")
+    if backend is not None and choice == "int8":
+        return int8_backend(), ""
     return backend, "" if backend is not None else f"unavailable: {why}"
+
+
+@functools.lru_cache(maxsize=1)
+def int8_backend() -> CPUInt8Activations:
+    """The int8-activation variant of the built CPU kernel (one instance, so routed views are kept per backend)."""
+    return CPUInt8Activations(cpu_backend()[0].module)
 
 
 def row_ops():
