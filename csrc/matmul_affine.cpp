@@ -87,13 +87,7 @@ inline vfloat codes8(const uint8_t* p) {
 #endif
 
 template <typename Scale>
-struct Rows {
-  const uint8_t* w;  // packed codes, row_bytes a row
-  const uint8_t* end;  // one past the last code byte
-  const Scale* scales;
-  const Scale* biases;
-  int64_t row_bytes, groups, group_size;
-};
+using Rows = AffineWeights<Scale>;
 
 #if defined(__AVX2__)
 // The AVX2 tile, in its own 8-lane registers (64-byte generic vectors spill on AVX2's 16 registers): RB rows of x

@@ -11,6 +11,16 @@
 
 namespace mlxspec {
 
+// One weight matrix in MLX's affine layout, as both kernels (float and int8 activations) read it.
+template <typename Scale>
+struct AffineWeights {
+  const uint8_t* w;  // packed codes, row_bytes a row
+  const uint8_t* end;  // one past the last code byte
+  const Scale* scales;
+  const Scale* biases;
+  int64_t row_bytes, groups, group_size;
+};
+
 // y[m][n] = x[m][k] @ dequantize(w)[n][k].T; k a multiple of group_size, group_size a multiple of 32.
 template <typename Scale>
 void affine_matmul(

@@ -12,6 +12,7 @@
 #include "mlx/types/bf16.h"
 #include "mlx/types/half_types.h"
 #include "affine_codes.h"
+#include "matmul_affine.h"
 #include "half_convert.h"
 #include "thread_pool.h"
 
@@ -25,13 +26,7 @@ constexpr int kColumns = 4;  // weight rows a thread takes at a time (a multiple
 constexpr int kMaxTileRows = 4;  // rows of x that share one unpacking of a block's codes
 
 template <typename Scale>
-struct Weights {
-  const uint8_t* w;  // packed codes, row_bytes a row
-  const uint8_t* end;  // one past the last code byte
-  const Scale* scales;
-  const Scale* biases;
-  int64_t row_bytes, groups, group_size;
-};
+using Weights = AffineWeights<Scale>;
 
 struct QuantizedRows {
   const int8_t* q;  // [m][k]: each block's 32 values in the order its codes unpack to (block_order)
