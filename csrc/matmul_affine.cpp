@@ -26,7 +26,6 @@ namespace mlxspec {
 
 namespace {
 
-constexpr int64_t kParallelBytes = 1 << 18;  // below this many weight bytes a fork-join costs more than it saves
 
 #if !defined(__AVX2__)
 // The portable path's helpers, in the extension's 16-lane generic vectors (NEON and others). On AVX2 GCC compiles
@@ -234,16 +233,11 @@ void tile_rows(const Rows<Scale>& r, const float* x, int rows, int64_t k, int64_
 template <int Bits, typename Scale>
 void multiply_columns(const Rows<Scale>& r, const float* x, int64_t m, int64_t k, int64_t n, int64_t begin,
                       int64_t end, float* y) {
-  // Each weight chunk is widened once per tile, so M rows take as few tiles as fit, of near-equal size (7 rows:
-  // 4 + 3, not 6 + 1). A row's products go in the same order in any tile, so its bits do not depend on M.
-  const int64_t tiles = (m + kMaxTileRows - 1) / kMaxTileRows;
+  // Each weight chunk is widened once per tile (split_rows), so a row's bits do not depend on M.
   for (int64_t c = begin; c < end; c += kColumns) {
     const int cb = int(std::min<int64_t>(kColumns, end - c));
-    for (int64_t t = 0, i = 0; t < tiles; ++t) {
-      const int rows = int((m - i + (tiles - t) - 1) / (tiles - t));
-      tile_rows<Bits>(r, x + i * k, rows, k, c, cb, y + i * n + c, n);
-      i += rows;
-    }
+    split_rows(m, kMaxTileRows,
+               [&](int64_t i, int rows) { tile_rows<Bits>(r, x + i * k, rows, k, c, cb, y + i * n + c, n); });
   }
 }
 
@@ -281,8 +275,6 @@ void affine_matmul(
     }
   }
   const Rows<Scale> rows{w, w + n * k * bits / 8, scales, biases, k * bits / 8, groups, group_size};
-  const int64_t weight_bytes = n * k * bits / 8;
-  const int parts = weight_bytes < kParallelBytes ? 1 : kernel_pool().threads();
   auto run = [&](int64_t begin, int64_t end) {
     switch (bits) {
       case 2: multiply_columns<2>(rows, xp, m, k, n, begin, end, y); break;
@@ -293,17 +285,7 @@ void affine_matmul(
       default: multiply_columns<8>(rows, xp, m, k, n, begin, end, y); break;
     }
   };
-  if (parts == 1) {
-    run(0, n);
-    return;
-  }
-  // Column ranges depend on N only (a multiple of kColumns each), never on M.
-  const int64_t per_part = (n + parts * kColumns - 1) / (parts * kColumns) * kColumns;
-  kernel_pool().run([&](int part) {
-    const int64_t begin = std::min<int64_t>(n, part * per_part);
-    const int64_t end = std::min<int64_t>(n, begin + per_part);
-    if (begin < end) run(begin, end);
-  });
+  split_columns(n, kColumns, n * k * bits / 8, run);
 }
 
 template <typename Scale>

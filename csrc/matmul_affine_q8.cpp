@@ -21,7 +21,6 @@ namespace mlxspec {
 namespace {
 
 constexpr int kBlock = 32;  // activation values sharing one int8 scale (llama.cpp's q8_0)
-constexpr int64_t kParallelBytes = 1 << 18;  // below this many weight bytes a fork-join costs more than it saves
 constexpr int kColumns = 4;  // weight rows a thread takes at a time (a multiple of every tile's CB)
 constexpr int kMaxTileRows = 4;  // rows of x that share one unpacking of a block's codes
 
@@ -204,11 +203,9 @@ void tile_columns(const Weights<Scale>& r, const QuantizedRows& x, int64_t c, in
 template <int Bits, typename Scale>
 void multiply_columns(const Weights<Scale>& r, const QuantizedRows& x, int64_t m, int64_t n, int64_t begin,
                       int64_t end, float* y) {
-  const int64_t tiles = (m + kMaxTileRows - 1) / kMaxTileRows;
   for (int64_t c = begin; c < end; c += kColumns) {
     const int cb = int(std::min<int64_t>(kColumns, end - c));
-    for (int64_t t = 0, i = 0; t < tiles; ++t) {
-      const int rows = int((m - i + (tiles - t) - 1) / (tiles - t));
+    split_rows(m, kMaxTileRows, [&](int64_t i, int rows) {
       const QuantizedRows part{x.q + i * x.k, x.d + i * x.blocks, x.gsum + i * x.groups, x.k, x.blocks, x.groups};
       float* out = y + i * n + c;
       switch (rows) {
@@ -217,8 +214,7 @@ void multiply_columns(const Weights<Scale>& r, const QuantizedRows& x, int64_t m
         case 3: tile_columns<Bits, 3>(r, part, c, cb, out, n); break;
         default: tile_columns<Bits, 4>(r, part, c, cb, out, n); break;
       }
-      i += rows;
-    }
+    });
   }
 }
 
@@ -273,17 +269,7 @@ void affine_matmul_q8(const float* x, int64_t m, int64_t k, int64_t n, const uin
       default: multiply_columns<8>(r, xq, m, n, begin, end, y); break;
     }
   };
-  const int parts = weight_bytes < kParallelBytes ? 1 : kernel_pool().threads();
-  if (parts == 1) {
-    run(0, n);
-    return;
-  }
-  const int64_t per_part = (n + parts * kColumns - 1) / (parts * kColumns) * kColumns;  // depends on N only
-  kernel_pool().run([&](int part) {
-    const int64_t begin = std::min<int64_t>(n, part * per_part);
-    const int64_t end = std::min<int64_t>(n, begin + per_part);
-    if (begin < end) run(begin, end);
-  });
+  split_columns(n, kColumns, weight_bytes, run);
 }
 
 template <typename Scale>

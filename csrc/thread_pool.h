@@ -3,9 +3,11 @@
 // (a condition-variable wake-up per call would cost more than a small matmul).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -93,5 +95,37 @@ class ForkJoinPool {
 
 // The one pool every kernel of the extension shares (MLXSPEC_KERNEL_THREADS or one per hardware thread).
 ForkJoinPool& kernel_pool();
+
+// Below this many weight bytes a matmul's fork-join costs more than it saves.
+constexpr int64_t kParallelBytes = 1 << 18;
+
+// Columns [0, n) of a matmul over the pool's threads: run(begin, end) per range, each a multiple of `block`
+// columns and depending on N only, never on M, so a row's bits do not depend on the split.
+template <typename Run>
+void split_columns(int64_t n, int64_t block, int64_t weight_bytes, Run&& run) {
+  const int parts = weight_bytes < kParallelBytes ? 1 : kernel_pool().threads();
+  if (parts == 1) {
+    run(int64_t(0), n);
+    return;
+  }
+  const int64_t per_part = (n + parts * block - 1) / (parts * block) * block;
+  kernel_pool().run([&](int part) {
+    const int64_t begin = std::min<int64_t>(n, part * per_part);
+    const int64_t end = std::min<int64_t>(n, begin + per_part);
+    if (begin < end) run(begin, end);
+  });
+}
+
+// Rows [0, m) as few tiles of at most max_rows as fit, of near-equal size (7 rows: 4 + 3, not 6 + 1): tile(first,
+// rows) per tile. Each weight chunk is unpacked once per tile; a row's products go in the same order in any tile.
+template <typename Tile>
+void split_rows(int64_t m, int max_rows, Tile&& tile) {
+  const int64_t tiles = (m + max_rows - 1) / max_rows;
+  for (int64_t t = 0, i = 0; t < tiles; ++t) {
+    const int rows = int((m - i + (tiles - t) - 1) / (tiles - t));
+    tile(i, rows);
+    i += rows;
+  }
+}
 
 }  // namespace mlxspec

@@ -33,8 +33,6 @@ namespace {
 
 constexpr int kRowBlock = 4;  // rows of x per micro-tile
 constexpr int kColBlock = 4;  // weight rows (output columns) per micro-tile
-// Below this many weight bytes a fork-join costs more than it saves.
-constexpr int64_t kParallelBytes = 1 << 18;
 
 
 inline vfloat load(const float* p) {
@@ -195,18 +193,8 @@ void multiply_columns(
 
 template <typename Weights>
 void multiply(const Weights& weights, const float* xp, int64_t m, int64_t kp, int64_t n, int64_t weight_bytes, float* y) {
-  const int parts = weight_bytes < kParallelBytes ? 1 : kernel_pool().threads();
-  if (parts == 1) {
-    multiply_columns(weights, xp, m, kp, n, 0, n, y);
-    return;
-  }
-  // Column ranges depend on N only (a multiple of kColBlock each), never on M.
-  const int64_t per_part = (n + parts * kColBlock - 1) / (parts * kColBlock) * kColBlock;
-  kernel_pool().run([&](int part) {
-    const int64_t begin = std::min<int64_t>(n, part * per_part);
-    const int64_t end = std::min<int64_t>(n, begin + per_part);
-    if (begin < end) multiply_columns(weights, xp, m, kp, n, begin, end, y);
-  });
+  split_columns(n, kColBlock, weight_bytes,
+                [&](int64_t begin, int64_t end) { multiply_columns(weights, xp, m, kp, n, begin, end, y); });
 }
 
 template <typename T>
