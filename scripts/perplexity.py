@@ -80,7 +80,9 @@ def main() -> None:
     tokens = converted.tokenizer.encode(text)[: args.tokens + 1]
     backend = cpu_backend()[0]  # both through the kernel, as generation runs them (MLX's CPU ops are far slower)
     own_bits = mean_nll(routed_view(converted.model, backend, attention=False), tokens, args.window)
-    int8 = mean_nll(routed_view(converted.model, int8_backend(), attention=False), tokens, args.window) if args.int8 else None
+    int8 = None
+    if args.int8:
+        int8 = mean_nll(routed_view(converted.model, int8_backend(), attention=False), tokens, args.window)
     del converted
     reference = float_model(args.gguf, json.loads((folder / "config.json").read_text()))
     floats = mean_nll(routed_view(reference, backend, attention=False), tokens, args.window)

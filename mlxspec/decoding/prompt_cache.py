@@ -106,12 +106,18 @@ class PromptCache:
         """Keep a finished run's state (None, from a run that failed mid-step: nothing to keep)."""
         if state is None:
             return
-        entry = Entry(state, drafter_key, arithmetic)
-        self.entries = [entry] + [e for e in self.entries if e.state.cache is not state.cache]
+        self.entries = [Entry(state, drafter_key, arithmetic)] + [
+            e for e in self.entries if e.state.cache is not state.cache
+        ]
         del self.entries[self.capacity :]
 
     def take(
-        self, prompt: list[int], spec: CacheSpec, fresh_drafter: Drafter | None, drafter_key: tuple, arithmetic: str = ""
+        self,
+        prompt: list[int],
+        spec: CacheSpec,
+        fresh_drafter: Drafter | None,
+        drafter_key: tuple,
+        arithmetic: str = "",
     ) -> Reuse:
         """The kept state cut back for `prompt`, or a cold start with `fresh_drafter`. Hands the kept caches over:
         the entry leaves the cache until the new run keeps its own state. Only an entry computed by the same
