@@ -100,7 +100,6 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
     for (int j = 0; j < CB; ++j) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
   const uint8_t* w[CB];
   for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
-  const __m128i nibble = _mm_set1_epi8(15);
   constexpr int kPerChunk = Bits == 4 ? 32 : 16;  // values per 16 bytes of codes
   for (int64_t g = 0; g < r.groups; ++g) {
     float scale[CB], bias[CB];
@@ -111,8 +110,6 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += kPerChunk) {
       for (int j = 0; j < CB; ++j) {
         const __m256 s = _mm256_set1_ps(scale[j]), b = _mm256_set1_ps(bias[j]);
-        const __m128i bytes = Bits == 4 || Bits == 8
-            ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + c * Bits / 8)) : _mm_setzero_si128();
         if constexpr (Bits != 4 && Bits != 8) {
           __m256 q0, q1;
           stream(w[j] + c * Bits / 8, r.end, q0, q1);
@@ -126,24 +123,27 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
         } else if constexpr (Bits == 4) {
           // Even values, then odd ones: two dequantized vectors live at a time, so six rows' accumulators fit.
           // Each accumulator still takes its products in the same order (even, then odd) whatever RB is.
-          const __m128i even = _mm_and_si128(bytes, nibble), odd = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
-          const __m256 q0 = _mm256_fmadd_ps(widen8(even), s, b);
-          const __m256 q1 = _mm256_fmadd_ps(widen8(_mm_srli_si128(even, 8)), s, b);
+          const Codes16<RB == 1> codes(w[j] + c / 2);
+          const auto even = codes.low_nibbles();
+          const __m256 q0 = _mm256_fmadd_ps(even.low(), s, b);
+          const __m256 q1 = _mm256_fmadd_ps(even.high(), s, b);
           for (int i = 0; i < RB; ++i) {
             const float* xi = x + i * k + c;
             acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
             acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
           }
-          const __m256 q2 = _mm256_fmadd_ps(widen8(odd), s, b);
-          const __m256 q3 = _mm256_fmadd_ps(widen8(_mm_srli_si128(odd, 8)), s, b);
+          const auto odd = codes.high_nibbles();
+          const __m256 q2 = _mm256_fmadd_ps(odd.low(), s, b);
+          const __m256 q3 = _mm256_fmadd_ps(odd.high(), s, b);
           for (int i = 0; i < RB; ++i) {
             const float* xi = x + i * k + c;
             acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 16), q2, acc[i][j][0]);
             acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 24), q3, acc[i][j][1]);
           }
         } else {
-          const __m256 q0 = _mm256_fmadd_ps(widen8(bytes), s, b);
-          const __m256 q1 = _mm256_fmadd_ps(widen8(_mm_srli_si128(bytes, 8)), s, b);
+          const Codes16<RB == 1> codes(w[j] + c);
+          const __m256 q0 = _mm256_fmadd_ps(codes.low(), s, b);
+          const __m256 q1 = _mm256_fmadd_ps(codes.high(), s, b);
           for (int i = 0; i < RB; ++i) {
             const float* xi = x + i * k + c;
             acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
