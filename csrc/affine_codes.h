@@ -81,21 +81,23 @@ struct StreamCodes {
     mask = _mm256_set1_epi32((1 << Bits) - 1);
   }
   void operator()(const uint8_t* p, const uint8_t* end, __m256& first, __m256& second) const {
-    const __m256i both = _mm256_broadcastsi128_si256(load16(p, end));
+    const __m256i both = load_both_lanes(p, end);
     first = code_lanes(_mm256_shuffle_epi8(both, select[0]));
     second = code_lanes(_mm256_shuffle_epi8(both, select[1]));
   }
   // The same sixteen codes as 32-bit integers (the int8-activation path packs them to bytes).
   void ints(const uint8_t* p, const uint8_t* end, __m256i& first, __m256i& second) const {
-    const __m256i both = _mm256_broadcastsi128_si256(load16(p, end));
+    const __m256i both = load_both_lanes(p, end);
     first = int_lanes(_mm256_shuffle_epi8(both, select[0]));
     second = int_lanes(_mm256_shuffle_epi8(both, select[1]));
   }
-  static __m128i load16(const uint8_t* p, const uint8_t* end) {
-    if (p + 16 <= end) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  // Each branch broadcasts on its own: the common one then loads straight into both lanes (vbroadcasti128 from
+  // memory), with no lane-crossing insert after the join.
+  static __m256i load_both_lanes(const uint8_t* p, const uint8_t* end) {
+    if (p + 16 <= end) return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     alignas(16) uint8_t tail[16] = {};  // the weights' last bytes: never read past them
     std::memcpy(tail, p, 2 * Bits);
-    return _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
+    return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tail)));
   }
   __m256i int_lanes(__m256i spread) const { return _mm256_and_si256(_mm256_srlv_epi32(spread, shifts), mask); }
   __m256 code_lanes(__m256i spread) const { return _mm256_cvtepi32_ps(int_lanes(spread)); }

@@ -112,7 +112,7 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
         const __m256 s = _mm256_set1_ps(scale[j]), b = _mm256_set1_ps(bias[j]);
         if constexpr (Bits != 4 && Bits != 8) {
           __m256 q0, q1;
-          stream(w[j] + c * Bits / 8, r.end, q0, q1);
+          stream(w[j] + uint64_t(c) * Bits / 8, r.end, q0, q1);  // c >= 0: a shift, not a signed division
           q0 = _mm256_fmadd_ps(q0, s, b);
           q1 = _mm256_fmadd_ps(q1, s, b);
           for (int i = 0; i < RB; ++i) {
