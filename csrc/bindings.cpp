@@ -7,6 +7,7 @@
 
 #include "sampling_ops.h"
 #include "verify_attention.h"
+#include "verify_kquant.h"
 #include "verify_matmul.h"
 
 namespace nb = nanobind;
@@ -26,6 +27,10 @@ NB_MODULE(_verify_kernel, m) {
         nb::kw_only(), "int8_activations"_a = false, "stream"_a = nb::none(),
         "x @ dequantize(w).T for mlx-lm's affine weights (transpose=True layout); int8_activations=True quantizes "
         "x per block of 32 to int8 first (lossy, opt-in; 4, 5 and 8 bits).");
+  m.def("verify_kquant_matmul", &mlxspec::verify_kquant_matmul, "x"_a, "w"_a, "sub_scales"_a, "sub_mins"_a,
+        "super_scales"_a, "super_mins"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "x @ dequantize(w).T for Q4_K/Q5_K super-blocks held factored (d, dmin per 256; sc, m per 32); bitwise "
+        "verify_qmatmul's with the products d * sc and -dmin * m as float32 scales and biases.");
   m.def("verify_attention", &mlxspec::verify_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a = nb::none(),
         "causal"_a = false, nb::kw_only(), "stream"_a = nb::none(),
         "Attention for a step's few query rows, each row's output independent of the row count and masked keys.");

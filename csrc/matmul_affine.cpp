@@ -85,15 +85,13 @@ inline vfloat codes8(const uint8_t* p) {
 }
 #endif
 
-template <typename Scale>
-using Rows = AffineWeights<Scale>;
 
 #if defined(__AVX2__)
 // The AVX2 tile, in its own 8-lane registers (64-byte generic vectors spill on AVX2's 16 registers): RB rows of x
 // (permuted to the codes' order) and CB weight rows from `first`. Each 16 bytes of codes are widened, dequantized
 // (scale * q + bias, one FMA per 8 lanes) and multiplied into two accumulators per (row, weight row).
-template <int Bits, int RB, int CB, typename Scale>
-void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
+template <int Bits, int RB, int CB, typename Rows>
+void tile(const Rows& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
   static const StreamCodes<(Bits == 4 || Bits == 8) ? 2 : Bits> stream;
   __m256 acc[RB][CB][2];
   for (int i = 0; i < RB; ++i)
@@ -103,10 +101,7 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
   constexpr int kPerChunk = Bits == 4 ? 32 : 16;  // values per 16 bytes of codes
   for (int64_t g = 0; g < r.groups; ++g) {
     float scale[CB], bias[CB];
-    for (int j = 0; j < CB; ++j) {
-      scale[j] = to_float(r.scales[(first + j) * r.groups + g]);
-      bias[j] = to_float(r.biases[(first + j) * r.groups + g]);
-    }
+    for (int j = 0; j < CB; ++j) r.group_scale(first + j, g, scale[j], bias[j]);
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += kPerChunk) {
       for (int j = 0; j < CB; ++j) {
         const __m256 s = _mm256_set1_ps(scale[j]), b = _mm256_set1_ps(bias[j]);
@@ -160,8 +155,8 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
 #else
 // The portable tile in the extension's 16-lane vectors: each weight chunk dequantized in registers (scale * q +
 // bias), then multiplied into every row's accumulator.
-template <int Bits, int RB, int CB, typename Scale>
-void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
+template <int Bits, int RB, int CB, typename Rows>
+void tile(const Rows& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
   vfloat acc[RB][CB] = {};
   const uint8_t* w[CB];
   for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
@@ -169,8 +164,10 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
   for (int64_t g = 0; g < r.groups; ++g) {
     vfloat scale[CB], bias[CB];
     for (int j = 0; j < CB; ++j) {
-      scale[j] = splat(to_float(r.scales[(first + j) * r.groups + g]));
-      bias[j] = splat(to_float(r.biases[(first + j) * r.groups + g]));
+      float s, b;
+      r.group_scale(first + j, g, s, b);
+      scale[j] = splat(s);
+      bias[j] = splat(b);
     }
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += kPerChunk) {
       for (int j = 0; j < CB; ++j) {
@@ -199,8 +196,8 @@ void tile(const Rows<Scale>& r, const float* x, int64_t k, int64_t first, float*
 }
 #endif
 
-template <int Bits, int RB, typename Scale>
-void tile_columns(const Rows<Scale>& r, const float* x, int64_t k, int64_t c, int cb, float* out, int64_t ldo) {
+template <int Bits, int RB, typename Rows>
+void tile_columns(const Rows& r, const float* x, int64_t k, int64_t c, int cb, float* out, int64_t ldo) {
   // Three or more rows of x take one weight row a tile, fewer take two: the accumulators stay in AVX2's 16
   // registers, and two weight rows give one row of x independent chains to overlap.
   for (int64_t done = 0; done < cb; done += RB >= 3 ? 1 : 2) {
@@ -217,8 +214,8 @@ void tile_columns(const Rows<Scale>& r, const float* x, int64_t k, int64_t c, in
 constexpr int kColumns = 4;  // weight rows a thread takes at a time (a multiple of every tile's CB)
 constexpr int kMaxTileRows = 6;  // rows of x that share one widening of the codes
 
-template <int Bits, typename Scale>
-void tile_rows(const Rows<Scale>& r, const float* x, int rows, int64_t k, int64_t c, int cb, float* out,
+template <int Bits, typename Rows>
+void tile_rows(const Rows& r, const float* x, int rows, int64_t k, int64_t c, int cb, float* out,
                int64_t ldo) {
   switch (rows) {
     case 1: tile_columns<Bits, 1>(r, x, k, c, cb, out, ldo); break;
@@ -230,8 +227,8 @@ void tile_rows(const Rows<Scale>& r, const float* x, int rows, int64_t k, int64_
   }
 }
 
-template <int Bits, typename Scale>
-void multiply_columns(const Rows<Scale>& r, const float* x, int64_t m, int64_t k, int64_t n, int64_t begin,
+template <int Bits, typename Rows>
+void multiply_columns(const Rows& r, const float* x, int64_t m, int64_t k, int64_t n, int64_t begin,
                       int64_t end, float* y) {
   // Each weight chunk is widened once per tile (split_rows), so a row's bits do not depend on M.
   for (int64_t c = begin; c < end; c += kColumns) {
@@ -242,6 +239,39 @@ void multiply_columns(const Rows<Scale>& r, const float* x, int64_t m, int64_t k
 }
 
 thread_local std::vector<float> tls_permuted;
+
+// x permuted to the codes' order (at 4 bits per 32 values: the even ones, then the odd ones, as the nibbles lie),
+// then the column ranges over the threads.
+template <typename Rows>
+void multiply(const float* x, int64_t m, int64_t k, int64_t n, const Rows& rows, int bits, float* y) {
+  if (tls_permuted.size() < size_t(m * k)) tls_permuted.resize(m * k);
+  float* xp = tls_permuted.data();
+  for (int64_t i = 0; i < m; ++i) {
+    const float* src = x + i * k;
+    float* dst = xp + i * k;
+    if (bits == 4) {
+      for (int64_t c = 0; c < k; c += 32) {
+        for (int t = 0; t < 16; ++t) {
+          dst[c + t] = src[c + 2 * t];
+          dst[c + 16 + t] = src[c + 2 * t + 1];
+        }
+      }
+    } else {
+      std::memcpy(dst, src, k * sizeof(float));
+    }
+  }
+  auto run = [&](int64_t begin, int64_t end) {
+    switch (bits) {
+      case 2: multiply_columns<2>(rows, xp, m, k, n, begin, end, y); break;
+      case 3: multiply_columns<3>(rows, xp, m, k, n, begin, end, y); break;
+      case 4: multiply_columns<4>(rows, xp, m, k, n, begin, end, y); break;
+      case 5: multiply_columns<5>(rows, xp, m, k, n, begin, end, y); break;
+      case 6: multiply_columns<6>(rows, xp, m, k, n, begin, end, y); break;
+      default: multiply_columns<8>(rows, xp, m, k, n, begin, end, y); break;
+    }
+  };
+  split_columns(n, kColumns, n * k * bits / 8, run);
+}
 
 }  // namespace
 
@@ -257,35 +287,12 @@ void affine_matmul(
     int group_size,
     int bits,
     float* y) {
-  const int64_t groups = k / group_size;
-  if (tls_permuted.size() < size_t(m * k)) tls_permuted.resize(m * k);
-  float* xp = tls_permuted.data();
-  for (int64_t i = 0; i < m; ++i) {
-    const float* src = x + i * k;
-    float* dst = xp + i * k;
-    if (bits == 4) {  // per 32 values: the even ones, then the odd ones (the nibbles' order)
-      for (int64_t c = 0; c < k; c += 32) {
-        for (int t = 0; t < 16; ++t) {
-          dst[c + t] = src[c + 2 * t];
-          dst[c + 16 + t] = src[c + 2 * t + 1];
-        }
-      }
-    } else {
-      std::memcpy(dst, src, k * sizeof(float));
-    }
-  }
-  const Rows<Scale> rows{w, w + n * k * bits / 8, scales, biases, k * bits / 8, groups, group_size};
-  auto run = [&](int64_t begin, int64_t end) {
-    switch (bits) {
-      case 2: multiply_columns<2>(rows, xp, m, k, n, begin, end, y); break;
-      case 3: multiply_columns<3>(rows, xp, m, k, n, begin, end, y); break;
-      case 4: multiply_columns<4>(rows, xp, m, k, n, begin, end, y); break;
-      case 5: multiply_columns<5>(rows, xp, m, k, n, begin, end, y); break;
-      case 6: multiply_columns<6>(rows, xp, m, k, n, begin, end, y); break;
-      default: multiply_columns<8>(rows, xp, m, k, n, begin, end, y); break;
-    }
-  };
-  split_columns(n, kColumns, n * k * bits / 8, run);
+  const AffineWeights<Scale> rows{w, w + n * k * bits / 8, scales, biases, k * bits / 8, k / group_size, group_size};
+  multiply(x, m, k, n, rows, bits, y);
+}
+
+void kquant_matmul(const float* x, int64_t m, int64_t k, int64_t n, const KQuantWeights& w, int bits, float* y) {
+  multiply(x, m, k, n, w, bits, y);
 }
 
 template <typename Scale>

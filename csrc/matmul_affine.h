@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "half_convert.h"
+
 namespace mlxspec {
 
 // One weight matrix in MLX's affine layout, as both kernels (float and int8 activations) read it.
@@ -19,7 +21,38 @@ struct AffineWeights {
   const Scale* scales;
   const Scale* biases;
   int64_t row_bytes, groups, group_size;
+
+  // Group g of weight row `row`: its scale and bias, widened.
+  void group_scale(int64_t row, int64_t g, float& scale, float& bias) const {
+    scale = to_float(scales[row * groups + g]);
+    bias = to_float(biases[row * groups + g]);
+  }
 };
+
+// A K-quant matrix (ggml's Q4_K and Q5_K) at the file's own size: per super-block of 256 values (8 groups of 32)
+// float scales d and dmin, per group 6-bit integers sc and m, and w = d * sc * q - dmin * m. The products d * sc
+// and dmin * m need at most 17 significant bits, so each group's scale and bias are float32's exactly and a row's
+// bits are those of the affine kernel given the products as float32 scales and biases.
+struct KQuantWeights {
+  const uint8_t* w;  // packed codes as MLX packs them, row_bytes a row
+  const uint8_t* end;
+  const uint8_t* sub_scales;  // sc [N, K / 32]
+  const uint8_t* sub_mins;  // m [N, K / 32]
+  const float* super_scales;  // d [N, K / 256]
+  const float* super_mins;  // dmin [N, K / 256]
+  int64_t row_bytes, groups, group_size;
+
+  void group_scale(int64_t row, int64_t g, float& scale, float& bias) const {
+    const int64_t i = row * groups + g;  // groups is a multiple of 8: super-block i / 8
+    scale = super_scales[i / 8] * float(sub_scales[i]);
+    bias = -(super_mins[i / 8] * float(sub_mins[i]));
+  }
+};
+
+constexpr int kKQuantGroups = 8;  // groups of 32 a K-quant super-block
+
+// y[m][n] = x[m][k] @ dequantize(w)[n][k].T for a K-quant matrix; k a multiple of 256, bits 4 or 5.
+void kquant_matmul(const float* x, int64_t m, int64_t k, int64_t n, const KQuantWeights& w, int bits, float* y);
 
 // y[m][n] = x[m][k] @ dequantize(w)[n][k].T; k a multiple of group_size, group_size a multiple of 32.
 template <typename Scale>

@@ -55,8 +55,9 @@ class LoadedModel:
         checkpoint in bf16, while on the CPU mlxspec widens it to float32, so their texts for a seed can differ."""
         from mlx.utils import tree_flatten
 
+        scale_names = (".scales", ".biases", "_scales", "_mins")  # affine and K-quant scales (k_quants.py)
         for name, value in tree_flatten(self.model.parameters()):
-            if mx.issubdtype(value.dtype, mx.floating) and not name.endswith((".scales", ".biases")):
+            if mx.issubdtype(value.dtype, mx.floating) and not name.endswith(scale_names):
                 return str(value.dtype).removeprefix("mlx.core.")
         return "unknown"
 
@@ -174,7 +175,6 @@ def load_model(
 
     shard(model, config): split it across distributed ranks before any weight is read, so each rank reads only its
     part."""
-    from mlx_lm.utils import load as mlx_lm_load
     from mlx_lm.utils import quantize_model
     from transformers.utils import logging as transformers_logging
 
@@ -183,7 +183,7 @@ def load_model(
     path = resolve_model_path(name)
     check_model_files(path)
     try:
-        model, tokenizer, config = mlx_lm_load(str(path), return_config=True, lazy=shard is not None)
+        model, tokenizer, config = _load(path, lazy=shard is not None)
     except (ValueError, FileNotFoundError, KeyError, TypeError, json.JSONDecodeError) as exc:
         detail = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"could not load '{name}': {detail}") from None
@@ -209,6 +209,40 @@ def load_model(
         widen_for_cpu(model)
     mx.eval(model.parameters())
     return LoadedModel(model, tokenizer, config, path, variant)
+
+
+def _load(path: Path, lazy: bool) -> tuple[nn.Module, Any, dict]:
+    """mlx-lm's load; a converted GGUF whose K-quant layers are held factored (k_quants.py) is built by mlx-lm
+    without them (they are listed, not quantized, in its config) and then given them from the same file."""
+    from mlx_lm.utils import load as mlx_lm_load
+    from mlx_lm.utils import load_model as mlx_lm_load_model
+    from mlx_lm.utils import load_tokenizer
+
+    from mlxspec import k_quants
+
+    try:
+        stored = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        stored = {}
+    layers = stored.get(k_quants.CONFIG_KEY) if isinstance(stored, dict) else None
+    if not layers:
+        return mlx_lm_load(str(path), return_config=True, lazy=lazy)
+    model, config = mlx_lm_load_model(path, lazy=True, strict=False)  # the K-quant parts are not the model's
+    weights = {}
+    for file in sorted(path.glob("model*.safetensors")):
+        weights.update(mx.load(str(file)))
+    missing = sorted({f"{layer}.{part}" for layer in layers for part in k_quants.PARTS} - set(weights))
+    if missing:
+        raise ValueError(f"{len(missing)} K-quant arrays are missing from the weights, e.g. {missing[0]}")
+    k_quants.attach(model, weights, layers)
+    from mlx.utils import tree_flatten
+
+    unread = [name for name, _ in tree_flatten(model.parameters()) if name not in weights]
+    if unread:  # what strict loading would have refused
+        raise ValueError(f"{len(unread)} parameters are missing from the weights, e.g. {unread[0]}")
+    if not lazy:
+        mx.eval(model.parameters())
+    return model, load_tokenizer(path, eos_token_ids=config.get("eos_token_id")), config
 
 
 def requantized(model: nn.Module, bits: int, group_size: int = 64) -> list[str]:

@@ -12,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.errors import UserError
+from mlxspec.k_quants import KQuantLinear
 
 if TYPE_CHECKING:
     from mlxspec.loading import LoadedModel
@@ -59,6 +60,8 @@ def output_rows(model: nn.Module, ids: mx.array) -> mx.array:
     training (and storing) an output layer of its own."""
     model = text_model(model)
     layer = model.lm_head if "lm_head" in model else model.model.embed_tokens
+    if isinstance(layer, KQuantLinear):
+        return mx.dequantize(*layer.affine(ids), group_size=layer.group_size, bits=layer.bits)
     if "scales" not in layer:
         return layer.weight[ids]
     biases = layer["biases"][ids] if "biases" in layer else None

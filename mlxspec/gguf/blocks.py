@@ -7,6 +7,10 @@ minimum, that is exact: scale * q + bias equals ggml's float value bit for bit, 
 most 22 significant bits. The scales are float16 where the file's own are (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: -8d, -16d and
 -128d are exact there too), float32 where they are products d * sc (Q4_K, Q5_K).
 
+Q4_K and Q5_K are also kept factored as the file holds them (`KQuantBlocks`: d and dmin per super-block of 256,
+6-bit sc and m per 32): the kernel forms d * sc and -dmin * m in registers, exactly the float32 products above, at
+the file's own size instead of two float32 numbers per 32 values.
+
 Q6_K's sub-blocks of 16 each have their own scale; MLX's groups are at least 32 long, so one group of 32 spans two
 scales and no affine code of 8 bits or fewer holds both lattices (1-4% of groups would). Q6_K, and every other
 type, is therefore read to float and re-quantized to 8 bits by MLX, with its error measured (`requantized`).
@@ -89,21 +93,48 @@ def k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scale.reshape(-1, 8), minimum.reshape(-1, 8)
 
 
-def _k_affine(blocks: np.ndarray, codes: np.ndarray, bits: int) -> AffineBlocks:
+@dataclass(frozen=True)
+class KQuantBlocks:
+    """Q4_K/Q5_K super-blocks of 256 as the file holds them: w = d * sc * q - dmin * m per sub-block of 32."""
+
+    codes: np.ndarray  # uint8 [blocks, 256]
+    sub_scales: np.ndarray  # sc, uint8 [blocks, 8] (6-bit)
+    sub_mins: np.ndarray  # m, uint8 [blocks, 8]
+    super_scales: np.ndarray  # d, float16 [blocks, 1]
+    super_mins: np.ndarray  # dmin, float16 [blocks, 1]
+    bits: int
+
+    def affine(self) -> AffineBlocks:
+        """The same values as affine groups of 32: scale d * sc and bias -dmin * m, exact in float32."""
+        d, dmin = self.super_scales.astype(np.float32), self.super_mins.astype(np.float32)
+        scales = d * self.sub_scales.astype(np.float32)
+        return AffineBlocks(self.codes, scales, -(dmin * self.sub_mins.astype(np.float32)), self.bits)
+
+
+def _k_blocks(blocks: np.ndarray, codes: np.ndarray, bits: int) -> KQuantBlocks:
     """A K-quant super-block of 256: d and dmin (float16), then eight sub-blocks' 6-bit scales and minimums."""
     scale, minimum = k_scales(blocks[:, 4:16])
-    d, dmin = _half(blocks[:, 0:2]), _half(blocks[:, 2:4])
-    return AffineBlocks(codes, d * scale.astype(np.float32), -(dmin * minimum.astype(np.float32)), bits)
+    d = np.ascontiguousarray(blocks[:, 0:2]).view(np.float16)
+    dmin = np.ascontiguousarray(blocks[:, 2:4]).view(np.float16)
+    return KQuantBlocks(codes, scale.astype(np.uint8), minimum.astype(np.uint8), d, dmin, bits)
+
+
+def q4_k_blocks(blocks: np.ndarray) -> KQuantBlocks:
+    return _k_blocks(blocks, _nibbles(blocks[:, 16:144], 32), 4)
+
+
+def q5_k_blocks(blocks: np.ndarray) -> KQuantBlocks:
+    qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    high = (qh & np.uint8(1)).reshape(blocks.shape[0], -1)  # sub-block j's fifth bits are bit j of the 32 bytes
+    return _k_blocks(blocks, _nibbles(blocks[:, 48:176], 32) | (high << np.uint8(4)), 5)
 
 
 def q4_k(blocks: np.ndarray) -> AffineBlocks:
-    return _k_affine(blocks, _nibbles(blocks[:, 16:144], 32), 4)
+    return q4_k_blocks(blocks).affine()
 
 
 def q5_k(blocks: np.ndarray) -> AffineBlocks:
-    qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
-    high = (qh & np.uint8(1)).reshape(blocks.shape[0], -1)  # sub-block j's fifth bits are bit j of the 32 bytes
-    return _k_affine(blocks, _nibbles(blocks[:, 48:176], 32) | (high << np.uint8(4)), 5)
+    return q5_k_blocks(blocks).affine()
 
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176}
@@ -144,6 +175,38 @@ def exact_affine(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> Qua
     groups = k // GROUP
     return Quantized(pack(codes, read.bits), read.scales.reshape(rows, groups), read.biases.reshape(rows, groups),
                      read.bits, exact=True)  # fmt: skip
+
+
+K_QUANTS: dict[str, Callable[[np.ndarray], KQuantBlocks]] = {"Q4_K": q4_k_blocks, "Q5_K": q5_k_blocks}
+SUPER_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class KQuantized:
+    """A K-quant matrix held factored (mlxspec's KQuantLinear): codes packed as MLX packs them, sc and m per 32
+    values, d and dmin per 256."""
+
+    weight: np.ndarray  # uint32 [rows, K * bits / 32]
+    sub_scales: np.ndarray  # uint8 [rows, K / 32]
+    sub_mins: np.ndarray
+    super_scales: np.ndarray  # float16 [rows, K / 256]
+    super_mins: np.ndarray
+    bits: int
+    PARTS = ("weight", "sub_scales", "sub_mins", "super_scales", "super_mins")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, part).nbytes for part in self.PARTS)
+
+
+def k_quantized(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> KQuantized:
+    """A [rows, K] Q4_K/Q5_K tensor's blocks (raw bytes [rows, K / 256 * block bytes]), factored as the file is."""
+    rows, k = shape
+    read = K_QUANTS[type_name](np.ascontiguousarray(raw).reshape(-1, BLOCK_BYTES[type_name]))
+    groups, blocks = k // GROUP, k // SUPER_BLOCK
+    return KQuantized(pack(read.codes.reshape(rows, k), read.bits), read.sub_scales.reshape(rows, groups),
+                      read.sub_mins.reshape(rows, groups), read.super_scales.reshape(rows, blocks),
+                      read.super_mins.reshape(rows, blocks), read.bits)  # fmt: skip
 
 
 def requantized(values: np.ndarray, bits: int = REQUANTIZED_BITS) -> Quantized:

@@ -22,10 +22,11 @@ from mlxspec.gguf.blocks import GROUP
 from mlxspec.gguf.header import Header, read_header
 from mlxspec.gguf.validate import check_convertible, embedding_rows
 from mlxspec.gguf.weights import converted_tensors
+from mlxspec.k_quants import CONFIG_KEY as K_QUANTS_KEY
 from mlxspec.platform import cache_dir
 
 MARKER = "gguf_source.json"  # written last: a directory without it is an interrupted conversion
-CONVERSION_FORMAT = 3  # in the marker; a conversion made by another format is made anew
+CONVERSION_FORMAT = 4  # in the marker; a conversion made by another format is made anew
 TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 TOKENIZER_ARRAYS += ("tokenizer.ggml.merges",)
 
@@ -79,7 +80,7 @@ def convert_once(path: Path, out: Path, digest: str, say) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         start = time.perf_counter()
         header = read_header(path)
-        say(f"converting {path.name} ({header.architecture}, {len(header.tensors)} tensors) once, for mlx-lm")
+        say(f"converting {path.name} ({header.architecture}, {len(header.tensors)} tensors) once")
         work = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
         try:
             weights = write_model(path, work, say)
@@ -108,8 +109,12 @@ def write_model(path: Path, out: Path, say) -> str:
     converted = converted_tensors(header, arch, config)
     for type_name, report in sorted(converted.report.items()):
         say(report.line(type_name))
-    if converted.layers:
-        config["quantization"] = {"group_size": GROUP, "bits": 4, "mode": "affine", **converted.layers}
+    if converted.layers or converted.k_quants:
+        # a K-quant layer is built by mlxspec (k_quants.attach), not quantized by mlx-lm
+        factored = {path: False for path in converted.k_quants}
+        config["quantization"] = {"group_size": GROUP, "bits": 4, "mode": "affine", **converted.layers, **factored}
+    if converted.k_quants:
+        config[K_QUANTS_KEY] = converted.k_quants
     import mlx.core as mx
 
     arrays = {k: v if isinstance(v, mx.array) else mx.array(v) for k, v in converted.arrays.items()}

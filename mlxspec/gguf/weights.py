@@ -1,9 +1,10 @@
 """A GGUF file's tensors under their mlx-lm names, at their own bits, with a report of what became of each type.
 
-Quantized matrices stay quantized in MLX's affine format (blocks.py): exactly where the block type allows (Q4_0,
-Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K), re-quantized to 8 bits with the error measured where it does not (Q6_K and the
-rest). Float tensors keep their dtype (F32, F16, BF16). llama.cpp's per-architecture transforms are undone: the q/k
-row permutation moves whole rows, so it applies to codes, scales and biases alike.
+Quantized matrices stay quantized (blocks.py): Q4_K and Q5_K factored as the file holds them (mlxspec's
+KQuantLinear, k_quants.py), Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 exactly in MLX's affine format, re-quantized to 8 bits
+with the error measured where neither holds the block (Q6_K and the rest). Float tensors keep their dtype (F32,
+F16, BF16). llama.cpp's per-architecture transforms are undone: the q/k row permutation moves whole rows, so it
+applies to codes, scales and biases alike.
 """
 
 from __future__ import annotations
@@ -14,7 +15,17 @@ import numpy as np
 
 from mlxspec.errors import UserError
 from mlxspec.gguf.architectures import Architecture, mlx_name, undo_transforms
-from mlxspec.gguf.blocks import EXACT, GROUP, Quantized, exact_affine, requantized
+from mlxspec.gguf.blocks import (
+    EXACT,
+    GROUP,
+    K_QUANTS,
+    SUPER_BLOCK,
+    KQuantized,
+    Quantized,
+    exact_affine,
+    k_quantized,
+    requantized,
+)
 from mlxspec.gguf.header import TYPES, Header, TensorInfo
 
 FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": None}  # BF16: kept as bfloat16 by MLX (numpy has none)
@@ -48,6 +59,7 @@ class TypeReport:
 class Converted:
     arrays: dict[str, object] = field(default_factory=dict)  # numpy arrays, or MLX arrays for bfloat16
     layers: dict[str, dict] = field(default_factory=dict)  # module path -> {"group_size", "bits"}
+    k_quants: dict[str, int] = field(default_factory=dict)  # module path -> bits, held factored (k_quants.py)
     report: dict[str, TypeReport] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -63,13 +75,21 @@ def is_matrix_weight(name: str, tensor: TensorInfo) -> bool:
 SCALE_BYTES = {"Q4_K": 4, "Q5_K": 4}  # float32 products d * sc; every other type's scales are float16
 
 
+def held_factored(tensor: TensorInfo) -> bool:
+    """Whether a matrix is held as K-quant super-blocks (every row a whole number of them)."""
+    return tensor.type_name in K_QUANTS and tensor.shape[-1] % SUPER_BLOCK == 0
+
+
 def held_bytes(name: str, tensor: TensorInfo) -> int:
     """The bytes a tensor takes once converted and loaded on the CPU (from the header alone, for the planner):
-    a quantized matrix at its bits (Q6_K and others at 8) with a scale and a bias per 32 values; everything else
+    a K-quant matrix at its bits with sc and m per 32 values and d and dmin (widened to float32) per 256; another
+    quantized matrix at its bits (Q6_K and others at 8) with a scale and a bias per 32 values; everything else
     widened to float32 there."""
     if tensor.type_name in FLOATS or not is_matrix_weight(name, tensor):
         return 4 * tensor.count
     bits = int(tensor.type_name[1]) if tensor.type_name in EXACT else 8
+    if held_factored(tensor):
+        return tensor.count * bits // 8 + tensor.count // GROUP * 2 + tensor.count // SUPER_BLOCK * 8
     # an embedding's lookups are the hidden state, so its scales are widened to float32 on the CPU (loading.py)
     scale_bytes = 4 if "embed_tokens" in name else SCALE_BYTES.get(tensor.type_name, 2)
     return tensor.count * bits // 8 + tensor.count // GROUP * 2 * scale_bytes
@@ -90,6 +110,9 @@ def converted_tensors(header: Header, arch: Architecture, config: dict) -> Conve
         report.file_bytes += tensor.nbytes
         if tensor.type_name in FLOATS or not is_matrix_weight(name, tensor):
             _add_float(out, name, float_values(header, tensor, raw), tensor.type_name, arch, config, report)
+            continue
+        if held_factored(tensor):
+            _add_k_quant(out, name, k_quantized(raw, tensor.type_name, tensor.shape), arch, config, report)
             continue
         if tensor.type_name in EXACT:
             held = exact_affine(raw, tensor.type_name, tensor.shape)
@@ -145,3 +168,12 @@ def _add_quantized(out: Converted, name: str, held: Quantized, arch, config, rep
     report.held_as = f"{held.bits}-bit, {held.scales.dtype} scales"
     report.exact = report.exact and held.exact
     report.error = max(report.error, held.error)
+
+
+def _add_k_quant(out: Converted, name: str, held: KQuantized, arch, config, report: TypeReport) -> None:
+    prefix = name.removesuffix(".weight")
+    for part in KQuantized.PARTS:
+        out.arrays[f"{prefix}.{part}"] = undo_transforms(name, getattr(held, part), arch, config)
+    out.k_quants[prefix] = held.bits
+    report.held_bytes += held.nbytes
+    report.held_as = f"{held.bits}-bit, K-quant super-blocks"

@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.errors import UserError
+from mlxspec.k_quants import KQuantEmbedding, KQuantLinear
 from mlxspec.kernels.attention import KernelAttention, kernel_attention, routed_class
 from mlxspec.options import KERNEL_CHOICES
 
@@ -38,6 +39,9 @@ class VerifyBackend(Protocol):
         self, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int
     ) -> mx.array:
         """x @ dequantize(w).T for mlx-lm's affine quantization (transpose=True layout)."""
+
+    def kquant_matmul(self, x: mx.array, layer: KQuantLinear) -> mx.array:
+        """x @ w.T for a K-quant layer held factored (k_quants.py), float32 x."""
 
     def attention(
         self, q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None, causal: bool
@@ -59,6 +63,10 @@ class CPUExtension:
 
     def qmatmul(self, x, w, scales, biases, group_size: int, bits: int) -> mx.array:
         return self.module.verify_qmatmul(x, w, scales, biases, group_size, bits, stream=mx.cpu)
+
+    def kquant_matmul(self, x: mx.array, layer: KQuantLinear) -> mx.array:
+        parts = (layer.weight, layer.sub_scales, layer.sub_mins, layer.super_scales, layer.super_mins)
+        return self.module.verify_kquant_matmul(x, *parts, layer.bits, stream=mx.cpu)
 
     def attention(self, q, k, v, scale: float, mask, causal: bool) -> mx.array:
         return self.module.verify_attention(q, k, v, scale, mask, causal, stream=mx.cpu)
@@ -91,6 +99,10 @@ class CPUInt8Activations(CPUExtension):
     def qmatmul(self, x, w, scales, biases, group_size: int, bits: int) -> mx.array:
         int8 = bits in self.INT8_BITS
         return self.module.verify_qmatmul(x, w, scales, biases, group_size, bits, int8_activations=int8, stream=mx.cpu)
+
+    def kquant_matmul(self, x: mx.array, layer: KQuantLinear) -> mx.array:
+        """The int8 path takes affine groups: the layer's products d * sc and -dmin * m formed by MLX ops first."""
+        return self.qmatmul(x, *layer.affine(), layer.group_size, layer.bits)
 
 
 @functools.lru_cache(maxsize=1)
@@ -236,6 +248,33 @@ class VerifyQuantizedEmbedding(nn.QuantizedEmbedding):
         return super().as_linear(x) if y is None else y
 
 
+def _kquant_call(layer: KQuantLinear, x: mx.array) -> mx.array | None:
+    """The kernel's product for a K-quant layer (float32 rows and scales, as on the CPU), or None for MLX's ops."""
+    if x.dtype != mx.float32 or layer.super_scales.dtype != mx.float32 or layer.super_mins.dtype != mx.float32:
+        return None
+    if _rows(x) <= MAX_ROWS:
+        return layer.backend.kquant_matmul(x, layer)
+    return _in_row_chunks(x, lambda rows: layer.backend.kquant_matmul(rows, layer))
+
+
+class VerifyKQuantLinear(KQuantLinear):
+    backend: VerifyBackend
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = _kquant_call(self, x)
+        if y is None:
+            return super().__call__(x)
+        return y + self.bias if "bias" in self else y
+
+
+class VerifyKQuantEmbedding(KQuantEmbedding):
+    backend: VerifyBackend
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        y = _kquant_call(self, x)
+        return super().as_linear(x) if y is None else y
+
+
 def _quantized_supported(layer) -> bool:
     return (
         getattr(layer, "mode", "affine") == "affine"
@@ -251,6 +290,8 @@ ROUTES: dict[type, tuple[type, callable]] = {
     nn.QuantizedLinear: (VerifyQuantizedLinear, _quantized_supported),
     nn.Embedding: (VerifyEmbedding, lambda m: m.weight.dtype in FLOAT_DTYPES),
     nn.QuantizedEmbedding: (VerifyQuantizedEmbedding, _quantized_supported),
+    KQuantLinear: (VerifyKQuantLinear, lambda m: True),
+    KQuantEmbedding: (VerifyKQuantEmbedding, lambda m: True),
 }
 
 

@@ -22,6 +22,7 @@ from mlxspec.decoding.target_features import output_cap
 from mlxspec.drafting.lookup.corpus import read_text, split_files
 from mlxspec.drafting.lookup.ngram_table import tokenizer_key
 from mlxspec.errors import UserError
+from mlxspec.k_quants import KQuantLinear
 from mlxspec.platform import cache_dir
 
 SHARES_FILE = "token-shares-{key}-{vocab}.npy"
@@ -100,8 +101,12 @@ class HotOutput(nn.Module):
 
 
 def output_rows(layer: nn.Module, ids: mx.array) -> nn.Module:
-    """A Linear (or QuantizedLinear at the layer's own bits) holding `layer`'s output rows `ids` (a copy)."""
-    if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+    """A Linear (or QuantizedLinear at the layer's own bits) holding `layer`'s output rows `ids` (a copy); a K-quant
+    layer's rows as the affine groups its products describe (the same values)."""
+    if isinstance(layer, KQuantLinear):
+        rows = nn.QuantizedLinear(layer.group_size, 1, bias=False, group_size=layer.group_size, bits=layer.bits)
+        rows.weight, rows.scales, rows.biases = layer.affine(ids)
+    elif isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         mode = getattr(layer, "mode", "affine")
         rows = nn.QuantizedLinear(
             layer.group_size, 1, bias=False, group_size=layer.group_size, bits=layer.bits, mode=mode
@@ -161,6 +166,7 @@ def with_hot_vocabulary(model: nn.Module, ids: np.ndarray, vocab_size: int) -> n
 def _tied_embedding_path(model: nn.Module) -> list[str] | None:
     """The module path of the embedding whose `as_linear` is the output layer (mlx-lm's tied families)."""
     for name, module in model.named_modules():
-        if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)) and name.endswith(("embed_tokens", "wte")):
+        embedding = isinstance(module, (nn.Embedding, nn.QuantizedEmbedding, KQuantLinear))
+        if embedding and name.endswith(("embed_tokens", "wte")):
             return name.split(".")
     return None
