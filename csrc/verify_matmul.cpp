@@ -317,8 +317,11 @@ array verify_matmul(const array& x, const array& w, StreamOrDevice s) {
   if (w.ndim() != 2 || x.ndim() < 1 || x.shape(-1) != w.shape(1)) {
     throw std::invalid_argument("[verify_matmul] expects x [..., K] and w [N, K].");
   }
-  if (!is_float(x.dtype()) || x.dtype() != w.dtype()) {
-    throw std::invalid_argument("[verify_matmul] x and w must share one float dtype (float32, bfloat16, float16).");
+  // One float dtype, or float32 rows against 16-bit weights (a bf16 checkpoint kept 16-bit on the CPU): the
+  // weights widen exactly, so the product's bits are those of the same weights held as float32.
+  if (!is_float(x.dtype()) || !is_float(w.dtype()) || (x.dtype() != w.dtype() && x.dtype() != float32)) {
+    throw std::invalid_argument(
+        "[verify_matmul] x and w must share one float dtype (float32, bfloat16, float16), or x be float32.");
   }
   auto stream = cpu_stream(s, "verify_matmul");
   return array(

@@ -12,7 +12,7 @@ namespace mlxspec {
 using mlx::core::array;
 using mlx::core::StreamOrDevice;
 
-// x: [..., K] (float32/bfloat16/float16); w: [N, K] of x's dtype. Returns [..., N].
+// x: [..., K] (float32/bfloat16/float16); w: [N, K] of x's dtype, or 16-bit under float32 x. Returns [..., N] of x's dtype.
 array verify_matmul(const array& x, const array& w, StreamOrDevice s = {});
 
 // mlx-lm's affine quantization: w packed uint32 [N, K * bits / 32], scales and biases [N, K / group_size].

@@ -56,9 +56,15 @@ class LoadedModel:
         from mlx.utils import tree_flatten
 
         scale_names = (".scales", ".biases", "_scales", "_mins")  # affine and K-quant scales (k_quants.py)
-        for name, value in tree_flatten(self.model.parameters()):
-            if mx.issubdtype(value.dtype, mx.floating) and not name.endswith(scale_names):
-                return str(value.dtype).removeprefix("mlx.core.")
+        linear = {f"{path}.weight" for path, m in self.model.named_modules() if isinstance(m, nn.Linear)}
+        floating = [
+            (name, value)
+            for name, value in tree_flatten(self.model.parameters())
+            if mx.issubdtype(value.dtype, mx.floating) and not name.endswith(scale_names)
+        ]
+        # a 16-bit Linear kept 16-bit on the CPU computes in its float32 activations (widen_for_cpu)
+        for name, value in sorted(floating, key=lambda item: item[0] in linear):
+            return str(value.dtype).removeprefix("mlx.core.")
         return "unknown"
 
     @property
@@ -264,13 +270,19 @@ def requantized(model: nn.Module, bits: int, group_size: int = 64) -> list[str]:
 
 
 def widen_for_cpu(model: nn.Module) -> None:
-    """Float32 for what the CPU computes in (half-precision arithmetic is emulated there): norms, float weights and
-    a quantized embedding's scales (its lookups are the hidden state). A quantized Linear's codes, scales and biases
-    stay as stored: the kernel widens them in registers, and float16 scales are half the bytes."""
+    """Float32 for what the CPU computes in (half-precision arithmetic is emulated there): norms, embeddings, biases
+    and a quantized embedding's scales (its lookups are the hidden state), so every activation is float32. What
+    stays as stored: a quantized Linear's codes, scales and biases, and a 16-bit Linear's weight matrix. The kernel
+    widens those as it reads them (exactly, so the bits are those of the float32 weights), at half the bytes."""
     for _, module in model.named_modules():
         if isinstance(module, nn.QuantizedLinear):
             continue
-        floats = {k: v.astype(mx.float32) for k, v in module.items() if isinstance(v, mx.array) and _half(v)}
+        kept = ("weight",) if isinstance(module, nn.Linear) else ()
+        floats = {
+            k: v.astype(mx.float32)
+            for k, v in module.items()
+            if isinstance(v, mx.array) and _half(v) and k not in kept
+        }
         if floats:
             module.update(floats)
 

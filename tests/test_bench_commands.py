@@ -71,11 +71,14 @@ def test_verify_cost_reports_the_curve_and_never_replaces_the_stored_one(tmp_pat
     stored = cache / "cost_curves.json"
     stored.write_text('{"kept": "as it was"}')
     out = tmp_path / "v.json"
-    run = bench("verify-cost", "--max-tokens", 4, "--repeats", 1, "--json", out, cache=cache)
+    run = bench("verify-cost", "--max-tokens", 4, "--repeats", 1, "--formats", "--json", out, cache=cache)
     assert run.returncode == 0, run.stderr
     report = json.loads(out.read_text())
     assert list(report["target_ms"]) == ["1", "2", "4"] and report["draft_one_ms"] > 0
     assert "best draft length" in run.stdout
+    formats = report["formats"]  # the embedded target is float32: one format, beside the machine's read
+    assert list(formats["formats"]) == ["float32"] and all(v > 0 for v in formats["read_gib_s"].values())
+    assert list(formats["formats"]["float32"]["v"]) == ["1", "2", "4"] and "memory read" in run.stdout
     assert stored.read_text() == '{"kept": "as it was"}'
 
 
@@ -142,3 +145,30 @@ def test_only_keeps_the_named_modes_and_refuses_a_word_that_keeps_none(tmp_path)
     run = bench(*common, "--only", "mlxspec eagle k=4", cache=tmp_path)
     last = run.stderr.strip().splitlines()[-1]  # (after the reference-BLAS warning this test's setting brings)
     assert run.returncode == 2 and "--only names 'mlxspec eagle k=4'" in last and "Traceback" not in run.stderr
+
+
+def test_each_weight_format_is_timed_on_its_largest_layer():
+    """`verify-cost --formats` in process on a model holding float32, affine 4-bit and K-quant layers: one row per
+    format, each its largest layer, GiB/s from its own bytes."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlxspec.bench.format_cost import largest_layers, run_format_cost
+    from mlxspec.k_quants import KQuantLinear
+    from mlxspec.kernels.verify import cpu_backend, routed_view
+
+    backend, why = cpu_backend()
+    assert backend is not None, why
+    n, k = 64, 512
+    parts = {"weight": mx.zeros((n, k // 8), dtype=mx.uint32), "sub_scales": mx.ones((n, k // 32), dtype=mx.uint8),
+             "sub_mins": mx.ones((n, k // 32), dtype=mx.uint8), "super_scales": mx.ones((n, k // 256)),
+             "super_mins": mx.ones((n, k // 256))}  # fmt: skip
+    model = nn.Sequential(nn.Linear(k, 32), nn.Linear(k, 96), nn.QuantizedLinear(k, n, group_size=32, bits=4),
+                          KQuantLinear(parts, 4))  # fmt: skip
+    view = routed_view(model, backend)
+    layers = {layer.format: layer for layer in largest_layers(view)}
+    assert set(layers) == {"float32", "4-bit affine g32 (float32 scales)", "4-bit K-quant"}
+    assert layers["float32"].rows == 96 and layers["4-bit K-quant"].columns == k
+    report = run_format_cost(view, (1, 2), repeats=1, threads=1, echo=lambda line: None)
+    assert set(report["formats"]) == set(layers)
+    assert all(row["gib_s"]["1"] > 0 and row["v"]["1"] == 1.0 for row in report["formats"].values())

@@ -427,7 +427,7 @@ def test_the_plan_says_only_what_applies(cli_run):
     code, out, err = cli_run("plan", "--model", target, "--memory", "16GB")
     assert code == 0, err
     assert "drafter overhead" not in out and "medusa" not in out and "11.0M params" in out and "0.00B" not in out
-    code, out, err = cli_run("plan", "--model", target, "--draft", draft, "--memory", "470MB")
+    code, out, err = cli_run("plan", "--model", target, "--draft", draft, "--memory", "450MB")  # bf16 matrices held
     assert code == 1, err  # a plan that does not fit exits 1, so a script can test it
     assert "DOES NOT FIT" in out and "max context, target + draft   none fits" in out
 

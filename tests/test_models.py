@@ -45,11 +45,18 @@ def test_shipped_pair_is_compatible_and_a_mismatched_tokenizer_is_rejected(tiny_
 
 
 def test_cpu_loading_computes_in_float32():
+    """The embedded bf16 checkpoints on the CPU: every embedding, norm and bias float32 (so activations are), each
+    Linear's weight matrix kept bfloat16 (the kernel widens it exactly as it reads)."""
     import mlx.core as mx
+    import mlx.nn as nn
     from mlx.utils import tree_flatten
 
-    model = load_model(MODELS_DIR / "draft").model
-    assert {v.dtype for _, v in tree_flatten(model.parameters())} == {mx.float32}
+    loaded = load_model(MODELS_DIR / "draft")
+    linear = {f"{p}.weight" for p, m in loaded.model.named_modules() if isinstance(m, nn.Linear)}
+    dtypes = {name: v.dtype for name, v in tree_flatten(loaded.model.parameters())}
+    assert linear and {dtypes[name] for name in linear} == {mx.bfloat16}
+    assert {d for name, d in dtypes.items() if name not in linear} == {mx.float32}
+    assert loaded.compute_dtype == "float32"
 
 
 @pytest.mark.parametrize("num_draft", [1, 2, 4, pytest.param(8, marks=pytest.mark.slow)])  # k=8: the whole suite

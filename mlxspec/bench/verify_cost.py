@@ -22,6 +22,7 @@ class VerifyCostConfig:
     context: int = 256
     repeats: int = 7
     kernel: str = "auto"
+    formats: bool = False  # also each weight format's GiB/s and v(n) beside the machine's read (format_cost.py)
 
 
 def run_verify_cost(config: VerifyCostConfig, echo=print) -> dict:
@@ -54,7 +55,7 @@ def run_verify_cost(config: VerifyCostConfig, echo=print) -> dict:
             k = best_draft_length(curve, alpha, max(1, max(sizes) - 1))
             best[str(alpha)] = {"k": k, "expected_speedup": round(expected_speedup(curve, alpha, k), 3)}
             echo(f"  alpha {alpha:.1f}: k={k}, expected speedup {best[str(alpha)]['expected_speedup']:.2f}x")
-    return {
+    report = {
         "machine": machine(),
         "context": curve.context,
         "kernel": backend.name if backend is not None else "none",
@@ -62,6 +63,12 @@ def run_verify_cost(config: VerifyCostConfig, echo=print) -> dict:
         "draft_one_ms": round(curve.draft_one * 1e3, 4),
         "best_draft_length": best,
     }
+    if config.formats:
+        from mlxspec.bench.format_cost import run_format_cost
+
+        threads = backend.threads if backend is not None and hasattr(backend, "threads") else 1
+        report["formats"] = run_format_cost(view, sizes, config.repeats, threads, echo)
+    return report
 
 
 def kv_cache_bytes(config: dict, tokens: int) -> int:

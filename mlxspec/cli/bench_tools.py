@@ -121,6 +121,11 @@ def agent_loop(json_out, **p) -> None:
 @click.option("--context", type=click.IntRange(1, 1 << 20), default=256, show_default=True)
 @click.option("--repeats", type=click.IntRange(1, 1000), default=7, show_default=True, help="Median of this many.")
 @click.option("--kernel", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True)
+@click.option(
+    "--formats",
+    is_flag=True,
+    help="Also each weight format's GiB/s and v(n) (its largest layer alone) beside this machine's memory read.",
+)
 @click.option("--plot", "plot_path", default=None, help="Also draw v(n) against n to a PNG.")
 @JSON_OPTION
 def verify_cost(json_out, plot_path, **p) -> None:

@@ -33,7 +33,7 @@ class VerifyBackend(Protocol):
     name: str
 
     def matmul(self, x: mx.array, w: mx.array) -> mx.array:
-        """x [..., K] @ w[N, K].T with x and w of one float dtype."""
+        """x [..., K] @ w[N, K].T with x and w of one float dtype, or float32 x against 16-bit w."""
 
     def qmatmul(
         self, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int
@@ -202,7 +202,8 @@ class VerifyLinear(nn.Linear):
 
 def _dense_call(backend: VerifyBackend, weight: mx.array, x: mx.array) -> mx.array | None:
     """The kernel's x @ weight.T, or None to use MLX's own matmul (another dtype; many rows with a real BLAS)."""
-    if x.dtype != weight.dtype or (_rows(x) > MAX_ROWS and not _reference_blas()):
+    mixed = x.dtype == mx.float32 and weight.dtype in (mx.bfloat16, mx.float16)  # 16-bit weights kept on the CPU
+    if (x.dtype != weight.dtype and not mixed) or (_rows(x) > MAX_ROWS and not _reference_blas()):
         return None
     if _rows(x) > MAX_ROWS:
         return _in_row_chunks(x, lambda rows: backend.matmul(rows, weight))
