@@ -76,9 +76,9 @@ def test_verify_cost_reports_the_curve_and_never_replaces_the_stored_one(tmp_pat
     report = json.loads(out.read_text())
     assert list(report["target_ms"]) == ["1", "2", "4"] and report["draft_one_ms"] > 0
     assert "best draft length" in run.stdout
-    formats = report["formats"]  # the embedded target is float32: one format, beside the machine's read
-    assert list(formats["formats"]) == ["float32"] and all(v > 0 for v in formats["read_gib_s"].values())
-    assert list(formats["formats"]["float32"]["v"]) == ["1", "2", "4"] and "memory read" in run.stdout
+    formats = report["formats"]  # the embedded bf16 target: its Linear matrices kept 16-bit, its embedding float32
+    assert set(formats["formats"]) == {"bfloat16", "float32"} and all(v > 0 for v in formats["read_gib_s"].values())
+    assert list(formats["formats"]["bfloat16"]["v"]) == ["1", "2", "4"] and "memory read" in run.stdout
     assert stored.read_text() == '{"kept": "as it was"}'
 
 
