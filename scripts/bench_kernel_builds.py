@@ -1,0 +1,98 @@
+"""One verify-kernel build, loaded from its .so, for comparing builds: `bits OUT.npz` dumps its outputs (4-, 5- and
+8-bit affine, Q4_K and Q5_K, M = 1..32) for a bitwise check against another build's; `speed` prints GiB/s of
+weight bytes at M = 1 and 5 on the real models' shapes (median of 7). Run builds in alternation, in separate
+processes (one .so a process), e.g.
+
+    for r in 1 2 3; do for b in old new; do
+      python scripts/bench_kernel_builds.py /tmp/$b.so speed | sed "s/^/$b /"
+    done; done
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_gguf_blocks import random_blocks  # noqa: E402
+
+from mlxspec.gguf.blocks import k_quantized  # noqa: E402
+from mlxspec.k_quants import PARTS  # noqa: E402
+
+rng = np.random.default_rng(0)
+
+
+def load_build(path: str):
+    spec = importlib.util.spec_from_file_location("mlxspec._verify_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def affine(n: int, k: int, bits: int, group: int = 64):
+    w = mx.array(rng.integers(0, 2**32, (n, k * bits // 32), dtype=np.uint32))
+    s = mx.array(rng.standard_normal((n, k // group)).astype(np.float32) * 0.01)
+    b = mx.array(rng.standard_normal((n, k // group)).astype(np.float32) * 0.01)
+    mx.eval(w, s, b)
+    return ("affine", k, (w, s, b, group, bits)), w.nbytes + s.nbytes + b.nbytes
+
+
+def k_quant(n: int, k: int, type_name: str = "Q4_K"):
+    held = k_quantized(random_blocks(type_name, n, k, rng), type_name, (n, k))
+    parts = [mx.array(getattr(held, part)) for part in PARTS]
+    parts[3], parts[4] = parts[3].astype(mx.float32), parts[4].astype(mx.float32)  # as loading widens them
+    mx.eval(*parts)
+    return ("kquant", k, (*parts, held.bits)), sum(part.nbytes for part in parts)
+
+
+def product(module, layer, x: mx.array) -> mx.array:
+    kind, _, args = layer
+    call = module.verify_qmatmul if kind == "affine" else module.verify_kquant_matmul
+    return call(x, *args, stream=mx.cpu)
+
+
+def dump_bits(module, out: str) -> None:
+    layers = {
+        "a4": affine(300, 640, 4),
+        "a8": affine(257, 576, 8),
+        "a5": affine(130, 512, 5, 32),
+        "k4": k_quant(200, 512),
+        "k5": k_quant(130, 768, "Q5_K"),
+    }
+    results = {}
+    for name, (layer, _) in layers.items():
+        for m in range(1, 33):
+            x = mx.array(np.random.default_rng(m).standard_normal((m, layer[1])).astype(np.float32))
+            results[f"{name}-{m}"] = np.array(product(module, layer, x))
+    np.savez(out, **results)
+    print(len(results), "cases")
+
+
+def time_shapes(module) -> None:
+    shapes = {
+        "aff8 151936x1536": affine(151936, 1536, 8),
+        "aff8 262144x640": affine(262144, 640, 8),
+        "kq4 8960x1536": k_quant(8960, 1536),
+        "kq4 1536x8960": k_quant(1536, 8960),
+        "aff4 151936x1536": affine(151936, 1536, 4),
+    }
+    for name, (layer, nbytes) in shapes.items():
+        for m in (1, 5):
+            x = mx.ones((m, layer[1]), dtype=mx.float32)
+            mx.eval(product(module, layer, x))
+            times = []
+            for _ in range(7):
+                start = time.perf_counter()
+                mx.eval(product(module, layer, x))
+                times.append(time.perf_counter() - start)
+            print(f"{name} M={m} {nbytes / np.median(times) / 2**30:.2f}")
+
+
+if __name__ == "__main__":
+    build = load_build(sys.argv[1])
+    dump_bits(build, sys.argv[3]) if sys.argv[2] == "bits" else time_shapes(build)
