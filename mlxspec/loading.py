@@ -279,9 +279,7 @@ def widen_for_cpu(model: nn.Module) -> None:
             continue
         kept = ("weight",) if isinstance(module, nn.Linear) else ()
         floats = {
-            k: v.astype(mx.float32)
-            for k, v in module.items()
-            if isinstance(v, mx.array) and _half(v) and k not in kept
+            k: v.astype(mx.float32) for k, v in module.items() if isinstance(v, mx.array) and _half(v) and k not in kept
         }
         if floats:
             module.update(floats)
