@@ -91,12 +91,16 @@ inline vfloat codes8(const uint8_t* p) {
 // hint kPrefetchAhead bytes ahead of each row's chunk took 8-bit rows from about 9 to 12-13 GiB/s and plain
 // decoding about 1.15-1.2x on the Zen 4 host of 2026-12-07 (docs/benchmarks.md); a hint once per cache line did
 // not pay there. With more rows the tile is busier per byte and the hint was mixed. A hint past a row's end never
-// faults, and it changes no bits.
+// faults, and it changes no bits; the address is formed as an integer, since a pointer past its array's end is not
+// a valid C++ pointer.
 constexpr uint64_t kPrefetchAhead = 4096;
 
 template <int CB>
 inline void prefetch_ahead(const uint8_t* const* w, uint64_t byte) {
-  for (int j = 0; j < CB; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + byte + kPrefetchAhead), _MM_HINT_T0);
+  for (int j = 0; j < CB; ++j) {
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(w[j]) + byte + kPrefetchAhead;
+    _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+  }
 }
 
 // The AVX2 tile, in its own 8-lane registers (64-byte generic vectors spill on AVX2's 16 registers): RB rows of x
