@@ -459,9 +459,10 @@ def test_a_full_queue_gets_a_503_and_a_disconnect_frees_the_worker(client, serve
     waited = {}
     waiter = threading.Thread(target=lambda: waited.update(reply=chat(client, max_tokens=2)))
     waiter.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_LIMIT  # the waiter's thread may start late on a loaded host
     while health(server)["waiting"] < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert health(server)["waiting"] == 1
     with pytest.raises(openai.InternalServerError) as refused:
         chat(client, max_tokens=2)
     assert refused.value.status_code == 503

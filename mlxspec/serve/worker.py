@@ -140,15 +140,18 @@ class Worker:
                 stats = Stats()
                 events = self.speculator.events(job.tokens, job.options, stats, rows.count, rows.may_draft)
                 jobs[id(rows.add(events, stats, lambda chunk, job=job: job.emit("chunk", chunk)))] = job
-            for row in list(rows.rows):  # a client gone, or the server stopping: its row leaves now
-                job = jobs[id(row)]
-                if job.cancelled.is_set() or self.closing.is_set():
-                    rows.drop(row)
-                    self._end(jobs.pop(id(row)), row)
-            self.busy, self.decoding = bool(rows.rows), len(rows.rows)
-            for row in rows.round():
-                self._end(jobs.pop(id(row)), row)
-            self.busy, self.decoding = bool(rows.rows), len(rows.rows)
+            left = [row for row in rows.rows if jobs[id(row)].cancelled.is_set() or self.closing.is_set()]
+            for row in left:  # a client gone, or the server stopping: its row leaves now
+                rows.drop(row)
+            self._end_all(rows, jobs, left)
+            self._end_all(rows, jobs, rows.round())
+
+    def _end_all(self, rows, jobs: dict, ended: list) -> None:
+        """Count the rows still decoding first, then tell the ended rows' handlers: a client answered at once may
+        ask again at once, and submit() must see the rows its last request freed (n choices need them all)."""
+        self.busy, self.decoding = bool(rows.rows), len(rows.rows)
+        for row in ended:
+            self._end(jobs.pop(id(row)), row)
 
     def _end(self, job: Job, row) -> None:
         """Tell a batched job's handler how its row ended: done, an error of its own, or the server stopping."""
