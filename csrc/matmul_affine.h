@@ -9,6 +9,10 @@
 
 #include <cstdint>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "half_convert.h"
 
 namespace mlxspec {
@@ -27,7 +31,10 @@ struct AffineWeights {
     scale = to_float(scales[row * groups + g]);
     bias = to_float(biases[row * groups + g]);
   }
+  static constexpr bool kScalesBySuperBlock = false;  // read one group's at a time (group_scale)
 };
+
+constexpr int kKQuantGroups = 8;  // groups of 32 a K-quant super-block
 
 // A K-quant matrix (ggml's Q4_K and Q5_K) at the file's own size: per super-block of 256 values (8 groups of 32)
 // float scales d and dmin, per group 6-bit integers sc and m, and w = d * sc * q - dmin * m. The products d * sc
@@ -47,9 +54,22 @@ struct KQuantWeights {
     scale = super_scales[i / 8] * float(sub_scales[i]);
     bias = -(super_mins[i / 8] * float(sub_mins[i]));
   }
+  // One super-block's 8 groups at once (g a multiple of 8), the same products as group_scale's, 8 lanes at a
+  // time where AVX2 is there: one at a time they cost as much as the 4-bit tile's lookups of the codes.
+  static constexpr bool kScalesBySuperBlock = true;
+  void super_block_scales(int64_t row, int64_t g, float* scale, float* bias) const {
+#if defined(__AVX2__)
+    const int64_t i = row * groups + g;
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_scales + i))));
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_mins + i))));
+    const __m256 sign = _mm256_set1_ps(-0.0f);  // -(x) flips the sign bit, as the scalar form does (0 - x would not)
+    _mm256_storeu_ps(scale, _mm256_mul_ps(_mm256_set1_ps(super_scales[i / 8]), sc));
+    _mm256_storeu_ps(bias, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(super_mins[i / 8]), m), sign));
+#else
+    for (int j = 0; j < kKQuantGroups; ++j) group_scale(row, g + j, scale[j], bias[j]);
+#endif
+  }
 };
-
-constexpr int kKQuantGroups = 8;  // groups of 32 a K-quant super-block
 
 // y[m][n] = x[m][k] @ dequantize(w)[n][k].T for a K-quant matrix; k a multiple of 256, bits 4 or 5.
 void kquant_matmul(const float* x, int64_t m, int64_t k, int64_t n, const KQuantWeights& w, int bits, float* y);
