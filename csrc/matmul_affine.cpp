@@ -268,6 +268,91 @@ void tile4_lookup(const Rows& r, const float* x, int64_t k, int64_t first, float
 }
 #endif
 
+// 2, 3 and 5 bits on AVX-512, MLX's bit stream looked up as the 4-bit tile looks up nibbles: 16 codes' bytes are
+// spread one code to a 32-bit lane (the 16 bytes read copied to each 128-bit lane, one byte shuffle, one shift per
+// lane, as StreamCodes does 8 at a time), and the lane's low bits index the group's values. At 5 bits the 32 values
+// fill two registers and vpermt2ps picks by the low 5 bits; at 2 and 3 bits the 16-entry table repeats the 4 or 8
+// values, so the bits above a code need no mask. The same values, products and order as the AVX2 tile: its bits.
+template <int Bits>
+struct StreamLookup {
+  static_assert(Bits == 2 || Bits == 3 || Bits == 5);
+  __m512i select, shifts;
+  StreamLookup() {
+    alignas(64) int8_t bytes[64];
+    alignas(64) int32_t shift[16];
+    for (int i = 0; i < 16; ++i) {
+      const int first = Bits * i / 8;
+      for (int b = 0; b < 4; ++b) bytes[i * 4 + b] = int8_t(std::min(first + b, 15));
+      shift[i] = Bits * i - 8 * first;
+    }
+    select = _mm512_load_si512(bytes);
+    shifts = _mm512_load_si512(shift);
+  }
+  // The group's dequantized values: two registers at 5 bits (codes 0-15, 16-31), one (repeating) below.
+  static void values(float scale, float bias, __m512& low, __m512& high) {
+    const __m512 s = _mm512_set1_ps(scale), b = _mm512_set1_ps(bias);
+    const __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    if constexpr (Bits == 5) {
+      low = _mm512_fmadd_ps(_mm512_cvtepi32_ps(index), s, b);
+      high = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(index, _mm512_set1_epi32(16))), s, b);
+    } else {  // entry i holds code i mod 2^Bits
+      low = high = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(index, _mm512_set1_epi32((1 << Bits) - 1))), s, b);
+    }
+  }
+  __m512 operator()(const uint8_t* p, const uint8_t* end, __m512 low, __m512 high) const {
+    __m512i both;
+    if (p + 16 <= end) {
+      both = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    } else {
+      alignas(16) uint8_t tail[16] = {};  // the weights' last bytes: never read past them
+      std::memcpy(tail, p, 2 * Bits);
+      both = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(tail)));
+    }
+    const __m512i lanes = _mm512_srlv_epi32(_mm512_shuffle_epi8(both, select), shifts);
+    if constexpr (Bits == 5) return _mm512_permutex2var_ps(low, lanes, high);
+    return _mm512_permutexvar_ps(lanes, low);
+  }
+};
+
+template <int Bits, int RB, int CB, typename Rows>
+void tile_stream_lookup(const Rows& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
+  static const StreamLookup<Bits> lookup;
+  __m512 acc[RB][CB];
+  for (int i = 0; i < RB; ++i)
+    for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_setzero_ps();
+  const uint8_t* w[CB];
+  for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
+  float scale[CB][kKQuantGroups], bias[CB][kKQuantGroups];
+  for (int64_t g = 0; g < r.groups; ++g) {
+    __m512 low[CB], high[CB];
+    if constexpr (Rows::kScalesBySuperBlock) {
+      const int64_t at = g % kKQuantGroups;
+      if (at == 0) {
+        for (int j = 0; j < CB; ++j) r.super_block_scales(first + j, g, scale[j], bias[j]);
+      }
+      for (int j = 0; j < CB; ++j) lookup.values(scale[j][at], bias[j][at], low[j], high[j]);
+    } else {
+      for (int j = 0; j < CB; ++j) {
+        r.group_scale(first + j, g, scale[j][0], bias[j][0]);
+        lookup.values(scale[j][0], bias[j][0], low[j], high[j]);
+      }
+    }
+    for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 16) {
+      if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) * Bits / 8);
+      for (int j = 0; j < CB; ++j) {
+        const __m512 q = lookup(w[j] + uint64_t(c) * Bits / 8, r.end, low[j], high[j]);
+        for (int i = 0; i < RB; ++i) acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * k + c), q, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < RB; ++i) {
+    for (int j = 0; j < CB; ++j) {
+      const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1));
+      out[i * ldo + j] = reduce8(_mm512_castps512_ps256(acc[i][j]), high);
+    }
+  }
+}
+
 // At 8 bits on AVX-512: 16 codes widened and dequantized per instruction, lanes 0-7 and 8-15 as the AVX2 tile's two
 // accumulators take them, so again its bits.
 template <int RB, int CB, typename Rows>
@@ -311,6 +396,17 @@ void tile_columns(const Rows& r, const float* x, int64_t k, int64_t c, int cb, f
         tile4_lookup<RB, 2>(r, x, k, c + done, out + done, ldo);
       } else {
         tile4_lookup<RB, 1>(r, x, k, c + done, out + done, ldo);
+      }
+    }
+    return;
+  }
+  // (From 5 rows on, the AVX2 tile below was faster here: 7-8 against 4 GiB/s on the 5-bit shapes at M = 5.)
+  if constexpr ((Bits == 2 || Bits == 3 || Bits == 5) && RB <= 4) {
+    for (int64_t done = 0; done < cb; done += 2) {
+      if (cb - done >= 2) {
+        tile_stream_lookup<Bits, RB, 2>(r, x, k, c + done, out + done, ldo);
+      } else {
+        tile_stream_lookup<Bits, RB, 1>(r, x, k, c + done, out + done, ldo);
       }
     }
     return;

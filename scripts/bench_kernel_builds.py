@@ -1,5 +1,5 @@
-"""One verify-kernel build, loaded from its .so, for comparing builds: `bits OUT.npz` dumps its outputs (4-, 5- and
-8-bit affine, Q4_K and Q5_K, M = 1..32) for a bitwise check against another build's; `speed` prints GiB/s of
+"""One verify-kernel build, loaded from its .so, for comparing builds: `bits OUT.npz` dumps its outputs (2- to 8-bit
+affine, Q4_K and Q5_K, M = 1..32) for a bitwise check against another build's; `speed` prints GiB/s of
 weight bytes at M = 1 and 5 on the real models' shapes (median of 7). Run builds in alternation, in separate
 processes (one .so a process), e.g.
 
@@ -61,6 +61,9 @@ def dump_bits(module, out: str) -> None:
         "a4": affine(300, 640, 4),
         "a8": affine(257, 576, 8),
         "a5": affine(130, 512, 5, 32),
+        "a2": affine(70, 384, 2),
+        "a3": affine(90, 320, 3, 32),
+        "a6": affine(50, 256, 6),
         "k4": k_quant(200, 512),
         "k5": k_quant(130, 768, "Q5_K"),
     }
@@ -80,6 +83,9 @@ def time_shapes(module) -> None:
         "kq4 8960x1536": k_quant(8960, 1536),
         "kq4 1536x8960": k_quant(1536, 8960),
         "aff4 151936x1536": affine(151936, 1536, 4),
+        "aff4 262144x640": affine(262144, 640, 4),
+        "aff5 4864x896": affine(4864, 896, 5, 32),  # the 0.5B draft's MLP (Q5_0)
+        "aff5 2048x640": affine(2048, 640, 5, 32),  # Gemma 3 270M's MLP (Q5_0)
     }
     for name, (layer, nbytes) in shapes.items():
         for m in (1, 5):
