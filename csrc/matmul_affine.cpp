@@ -217,6 +217,48 @@ void tile(const Rows& r, const float* x, int64_t k, int64_t first, float* out, i
 #endif
 
 #if defined(__AVX512F__)
+// What every AVX-512 tile below shares: its weight rows' group scales, and its final sums.
+
+// The scale and bias of group g for each of a tile's CB weight rows; K-quant rows form a super-block's 8 groups at
+// once (the same products as group_scale's).
+template <int CB, typename Rows>
+struct TileScales {
+  float scale[CB][kKQuantGroups], bias[CB][kKQuantGroups];
+  int at = 0;  // the group's slot: its index in the super-block, or 0
+  void load(const Rows& r, int64_t first, int64_t g) {
+    if constexpr (Rows::kScalesBySuperBlock) {
+      at = int(g % kKQuantGroups);
+      if (at == 0) {
+        for (int j = 0; j < CB; ++j) r.super_block_scales(first + j, g, scale[j], bias[j]);
+      }
+    } else {
+      for (int j = 0; j < CB; ++j) r.group_scale(first + j, g, scale[j][0], bias[j][0]);
+    }
+  }
+  __m512 scale_of(int j) const { return _mm512_set1_ps(scale[j][at]); }
+  __m512 bias_of(int j) const { return _mm512_set1_ps(bias[j][at]); }
+};
+
+// A tile's accumulators zeroed and its CB weight rows' first bytes.
+template <int RB, int CB, int CBW, typename Rows>
+inline void start_tile(const Rows& r, int64_t first, __m512 (&acc)[RB][CB], const uint8_t* (&w)[CBW]) {
+  static_assert(CB == CBW);
+  for (int i = 0; i < RB; ++i)
+    for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
+}
+
+// Each 16-lane accumulator ended as the AVX2 tile ends its two 8-lane ones (lanes 0-7 and 8-15): reduce8.
+template <int RB, int CB>
+inline void store_sums(const __m512 (&acc)[RB][CB], float* out, int64_t ldo) {
+  for (int i = 0; i < RB; ++i) {
+    for (int j = 0; j < CB; ++j) {
+      const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1));
+      out[i * ldo + j] = reduce8(_mm512_castps512_ps256(acc[i][j]), high);
+    }
+  }
+}
+
 // At 4 bits on AVX-512 the codes are looked up, not converted: a group's 16 possible values scale * q + bias (one
 // FMA, the same rounding as the AVX2 tile's) fill one register, and vpermps picks 16 of them at once by the low 4
 // bits of each 32-bit lane, so a byte widened to a lane indexes its low nibble as it is and its high nibble shifted
@@ -226,28 +268,14 @@ void tile(const Rows& r, const float* x, int64_t k, int64_t first, float* out, i
 template <int RB, int CB, typename Rows>
 void tile4_lookup(const Rows& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
   __m512 acc[RB][CB];
-  for (int i = 0; i < RB; ++i)
-    for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_setzero_ps();
   const uint8_t* w[CB];
-  for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
+  start_tile(r, first, acc, w);
   const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  float scale[CB][kKQuantGroups], bias[CB][kKQuantGroups];
+  TileScales<CB, Rows> scales;
   for (int64_t g = 0; g < r.groups; ++g) {
+    scales.load(r, first, g);
     __m512 values[CB];
-    if constexpr (Rows::kScalesBySuperBlock) {
-      const int64_t at = g % kKQuantGroups;
-      if (at == 0) {
-        for (int j = 0; j < CB; ++j) r.super_block_scales(first + j, g, scale[j], bias[j]);
-      }
-      for (int j = 0; j < CB; ++j) {
-        values[j] = _mm512_fmadd_ps(codes, _mm512_set1_ps(scale[j][at]), _mm512_set1_ps(bias[j][at]));
-      }
-    } else {
-      for (int j = 0; j < CB; ++j) {
-        r.group_scale(first + j, g, scale[j][0], bias[j][0]);
-        values[j] = _mm512_fmadd_ps(codes, _mm512_set1_ps(scale[j][0]), _mm512_set1_ps(bias[j][0]));
-      }
-    }
+    for (int j = 0; j < CB; ++j) values[j] = _mm512_fmadd_ps(codes, scales.scale_of(j), scales.bias_of(j));
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 32) {
       if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) / 2);
       for (int j = 0; j < CB; ++j) {
@@ -262,14 +290,8 @@ void tile4_lookup(const Rows& r, const float* x, int64_t k, int64_t first, float
       }
     }
   }
-  for (int i = 0; i < RB; ++i) {
-    for (int j = 0; j < CB; ++j) {
-      const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1));
-      out[i * ldo + j] = reduce8(_mm512_castps512_ps256(acc[i][j]), high);
-    }
-  }
+  store_sums<RB, CB>(acc, out, ldo);
 }
-#endif
 
 // 2, 3 and 5 bits on AVX-512, MLX's bit stream looked up as the 4-bit tile looks up nibbles: 16 codes' bytes are
 // spread one code to a 32-bit lane (the 16 bytes read copied to each 128-bit lane, one byte shuffle, one shift per
@@ -292,8 +314,7 @@ struct StreamLookup {
     shifts = _mm512_load_si512(shift);
   }
   // The group's dequantized values: two registers at 5 bits (codes 0-15, 16-31), one (repeating) below.
-  static void values(float scale, float bias, __m512& low, __m512& high) {
-    const __m512 s = _mm512_set1_ps(scale), b = _mm512_set1_ps(bias);
+  static void values(__m512 s, __m512 b, __m512& low, __m512& high) {
     const __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     if constexpr (Bits == 5) {
       low = _mm512_fmadd_ps(_mm512_cvtepi32_ps(index), s, b);
@@ -321,25 +342,13 @@ template <int Bits, int RB, int CB, typename Rows>
 void tile_stream_lookup(const Rows& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
   static const StreamLookup<Bits> lookup;
   __m512 acc[RB][CB];
-  for (int i = 0; i < RB; ++i)
-    for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_setzero_ps();
   const uint8_t* w[CB];
-  for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
-  float scale[CB][kKQuantGroups], bias[CB][kKQuantGroups];
+  start_tile(r, first, acc, w);
+  TileScales<CB, Rows> scales;
   for (int64_t g = 0; g < r.groups; ++g) {
+    scales.load(r, first, g);
     __m512 low[CB], high[CB];
-    if constexpr (Rows::kScalesBySuperBlock) {
-      const int64_t at = g % kKQuantGroups;
-      if (at == 0) {
-        for (int j = 0; j < CB; ++j) r.super_block_scales(first + j, g, scale[j], bias[j]);
-      }
-      for (int j = 0; j < CB; ++j) lookup.values(scale[j][at], bias[j][at], low[j], high[j]);
-    } else {
-      for (int j = 0; j < CB; ++j) {
-        r.group_scale(first + j, g, scale[j][0], bias[j][0]);
-        lookup.values(scale[j][0], bias[j][0], low[j], high[j]);
-      }
-    }
+    for (int j = 0; j < CB; ++j) lookup.values(scales.scale_of(j), scales.bias_of(j), low[j], high[j]);
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 16) {
       if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) * Bits / 8);
       for (int j = 0; j < CB; ++j) {
@@ -348,12 +357,7 @@ void tile_stream_lookup(const Rows& r, const float* x, int64_t k, int64_t first,
       }
     }
   }
-  for (int i = 0; i < RB; ++i) {
-    for (int j = 0; j < CB; ++j) {
-      const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1));
-      out[i * ldo + j] = reduce8(_mm512_castps512_ps256(acc[i][j]), high);
-    }
-  }
+  store_sums<RB, CB>(acc, out, ldo);
 }
 
 // At 8 bits on AVX-512: 16 codes widened and dequantized per instruction, lanes 0-7 and 8-15 as the AVX2 tile's two
@@ -361,17 +365,15 @@ void tile_stream_lookup(const Rows& r, const float* x, int64_t k, int64_t first,
 template <int RB, int CB, typename Rows>
 void tile8_wide(const Rows& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
   __m512 acc[RB][CB];
-  for (int i = 0; i < RB; ++i)
-    for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_setzero_ps();
   const uint8_t* w[CB];
-  for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
+  start_tile(r, first, acc, w);
+  TileScales<CB, Rows> scales;
   for (int64_t g = 0; g < r.groups; ++g) {
+    scales.load(r, first, g);
     __m512 scale[CB], bias[CB];
     for (int j = 0; j < CB; ++j) {
-      float s, b;
-      r.group_scale(first + j, g, s, b);
-      scale[j] = _mm512_set1_ps(s);
-      bias[j] = _mm512_set1_ps(b);
+      scale[j] = scales.scale_of(j);
+      bias[j] = scales.bias_of(j);
     }
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 16) {
       if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c));
@@ -382,13 +384,10 @@ void tile8_wide(const Rows& r, const float* x, int64_t k, int64_t first, float* 
       }
     }
   }
-  for (int i = 0; i < RB; ++i) {
-    for (int j = 0; j < CB; ++j) {
-      const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1));
-      out[i * ldo + j] = reduce8(_mm512_castps512_ps256(acc[i][j]), high);
-    }
-  }
+  store_sums<RB, CB>(acc, out, ldo);
 }
+
+#endif  // __AVX512F__
 
 template <int Bits, int RB, typename Rows>
 void tile_columns(const Rows& r, const float* x, int64_t k, int64_t c, int cb, float* out, int64_t ldo) {
