@@ -1,5 +1,6 @@
 // AVX2 helpers the affine kernels share (matmul_affine.cpp with float activations, matmul_affine_q8.cpp with int8
-// ones): widening codes, MLX's bit stream of 2, 3, 5 or 6 bits a value, and the one fixed-order lane reduction.
+// ones, and the AVX-512 tiles of affine_tiles_avx512.h): widening codes, MLX's bit stream of 2, 3, 5 or 6 bits a
+// value, the one fixed-order lane reduction, and the one-row tiles' prefetch hint.
 #pragma once
 
 #if defined(__AVX2__)
@@ -102,6 +103,22 @@ struct StreamCodes {
   __m256i int_lanes(__m256i spread) const { return _mm256_and_si256(_mm256_srlv_epi32(spread, shifts), mask); }
   __m256 code_lanes(__m256i spread) const { return _mm256_cvtepi32_ps(int_lanes(spread)); }
 };
+
+// One row's tile streams CB weight rows at once, more streams than the hardware prefetcher follows well: at M = 1 a
+// hint kPrefetchAhead bytes ahead of each row's chunk took 8-bit rows from about 9 to 12-13 GiB/s and plain
+// decoding about 1.15-1.2x on the Zen 4 host of 2026-12-07 (docs/benchmarks.md); a hint once per cache line did
+// not pay there. With more rows the tile is busier per byte and the hint was mixed. A hint past a row's end never
+// faults, and it changes no bits; the address is formed as an integer, since a pointer past its array's end is not
+// a valid C++ pointer.
+constexpr uint64_t kPrefetchAhead = 4096;
+
+template <int CB>
+inline void prefetch_ahead(const uint8_t* const* w, uint64_t byte) {
+  for (int j = 0; j < CB; ++j) {
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(w[j]) + byte + kPrefetchAhead;
+    _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+  }
+}
 
 }  // namespace mlxspec
 #endif

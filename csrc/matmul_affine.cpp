@@ -22,6 +22,7 @@
 #include "mlx/types/half_types.h"
 #include "cpu_common.h"
 #include "affine_codes.h"
+#include "affine_tiles_avx512.h"
 #include "half_convert.h"
 #include "thread_pool.h"
 
@@ -90,22 +91,6 @@ inline vfloat codes8(const uint8_t* p) {
 
 
 #if defined(__AVX2__)
-// One row's tile streams CB weight rows at once, more streams than the hardware prefetcher follows well: at M = 1 a
-// hint kPrefetchAhead bytes ahead of each row's chunk took 8-bit rows from about 9 to 12-13 GiB/s and plain
-// decoding about 1.15-1.2x on the Zen 4 host of 2026-12-07 (docs/benchmarks.md); a hint once per cache line did
-// not pay there. With more rows the tile is busier per byte and the hint was mixed. A hint past a row's end never
-// faults, and it changes no bits; the address is formed as an integer, since a pointer past its array's end is not
-// a valid C++ pointer.
-constexpr uint64_t kPrefetchAhead = 4096;
-
-template <int CB>
-inline void prefetch_ahead(const uint8_t* const* w, uint64_t byte) {
-  for (int j = 0; j < CB; ++j) {
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(w[j]) + byte + kPrefetchAhead;
-    _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
-  }
-}
-
 // The AVX2 tile, in its own 8-lane registers (64-byte generic vectors spill on AVX2's 16 registers): RB rows of x
 // (permuted to the codes' order) and CB weight rows from `first`. Each 16 bytes of codes are widened, dequantized
 // (scale * q + bias, one FMA per 8 lanes) and multiplied into two accumulators per (row, weight row).
@@ -216,178 +201,6 @@ void tile(const Rows& r, const float* x, int64_t k, int64_t first, float* out, i
 }
 #endif
 
-#if defined(__AVX512F__)
-// What every AVX-512 tile below shares: its weight rows' group scales, and its final sums.
-
-// The scale and bias of group g for each of a tile's CB weight rows; K-quant rows form a super-block's 8 groups at
-// once (the same products as group_scale's).
-template <int CB, typename Rows>
-struct TileScales {
-  float scale[CB][kKQuantGroups], bias[CB][kKQuantGroups];
-  int at = 0;  // the group's slot: its index in the super-block, or 0
-  void load(const Rows& r, int64_t first, int64_t g) {
-    if constexpr (Rows::kScalesBySuperBlock) {
-      at = int(g % kKQuantGroups);
-      if (at == 0) {
-        for (int j = 0; j < CB; ++j) r.super_block_scales(first + j, g, scale[j], bias[j]);
-      }
-    } else {
-      for (int j = 0; j < CB; ++j) r.group_scale(first + j, g, scale[j][0], bias[j][0]);
-    }
-  }
-  __m512 scale_of(int j) const { return _mm512_set1_ps(scale[j][at]); }
-  __m512 bias_of(int j) const { return _mm512_set1_ps(bias[j][at]); }
-};
-
-// A tile's accumulators zeroed and its CB weight rows' first bytes.
-template <int RB, int CB, int CBW, typename Rows>
-inline void start_tile(const Rows& r, int64_t first, __m512 (&acc)[RB][CB], const uint8_t* (&w)[CBW]) {
-  static_assert(CB == CBW);
-  for (int i = 0; i < RB; ++i)
-    for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
-}
-
-// Each 16-lane accumulator ended as the AVX2 tile ends its two 8-lane ones (lanes 0-7 and 8-15): reduce8.
-template <int RB, int CB>
-inline void store_sums(const __m512 (&acc)[RB][CB], float* out, int64_t ldo) {
-  for (int i = 0; i < RB; ++i) {
-    for (int j = 0; j < CB; ++j) {
-      const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1));
-      out[i * ldo + j] = reduce8(_mm512_castps512_ps256(acc[i][j]), high);
-    }
-  }
-}
-
-// At 4 bits on AVX-512 the codes are looked up, not converted: a group's 16 possible values scale * q + bias (one
-// FMA, the same rounding as the AVX2 tile's) fill one register, and vpermps picks 16 of them at once by the low 4
-// bits of each 32-bit lane, so a byte widened to a lane indexes its low nibble as it is and its high nibble shifted
-// down. Per 32 values that is 4 instructions before the row's 2 FMAs, against 12 in the AVX2 tile, which bounds the
-// one-row product. Lanes 0-7 and 8-15 of an accumulator take exactly the AVX2 tile's two accumulators' products in
-// the same order, and the same reduce8 ends them: the bits are the AVX2 tile's.
-template <int RB, int CB, typename Rows>
-void tile4_lookup(const Rows& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
-  __m512 acc[RB][CB];
-  const uint8_t* w[CB];
-  start_tile(r, first, acc, w);
-  const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  TileScales<CB, Rows> scales;
-  for (int64_t g = 0; g < r.groups; ++g) {
-    scales.load(r, first, g);
-    __m512 values[CB];
-    for (int j = 0; j < CB; ++j) values[j] = _mm512_fmadd_ps(codes, scales.scale_of(j), scales.bias_of(j));
-    for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 32) {
-      if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) / 2);
-      for (int j = 0; j < CB; ++j) {
-        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + c / 2)));
-        const __m512 even = _mm512_permutexvar_ps(bytes, values[j]);
-        const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values[j]);
-        for (int i = 0; i < RB; ++i) {
-          const float* xi = x + i * k + c;
-          acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(xi), even, acc[i][j]);
-          acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(xi + 16), odd, acc[i][j]);
-        }
-      }
-    }
-  }
-  store_sums<RB, CB>(acc, out, ldo);
-}
-
-// 2, 3 and 5 bits on AVX-512, MLX's bit stream looked up as the 4-bit tile looks up nibbles: 16 codes' bytes are
-// spread one code to a 32-bit lane (the 16 bytes read copied to each 128-bit lane, one byte shuffle, one shift per
-// lane, as StreamCodes does 8 at a time), and the lane's low bits index the group's values. At 5 bits the 32 values
-// fill two registers and vpermt2ps picks by the low 5 bits; at 2 and 3 bits the 16-entry table repeats the 4 or 8
-// values, so the bits above a code need no mask. The same values, products and order as the AVX2 tile: its bits.
-template <int Bits>
-struct StreamLookup {
-  static_assert(Bits == 2 || Bits == 3 || Bits == 5);
-  __m512i select, shifts;
-  StreamLookup() {
-    alignas(64) int8_t bytes[64];
-    alignas(64) int32_t shift[16];
-    for (int i = 0; i < 16; ++i) {
-      const int first = Bits * i / 8;
-      for (int b = 0; b < 4; ++b) bytes[i * 4 + b] = int8_t(std::min(first + b, 15));
-      shift[i] = Bits * i - 8 * first;
-    }
-    select = _mm512_load_si512(bytes);
-    shifts = _mm512_load_si512(shift);
-  }
-  // The group's dequantized values: two registers at 5 bits (codes 0-15, 16-31), one (repeating) below.
-  static void values(__m512 s, __m512 b, __m512& low, __m512& high) {
-    const __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    if constexpr (Bits == 5) {
-      low = _mm512_fmadd_ps(_mm512_cvtepi32_ps(index), s, b);
-      high = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(index, _mm512_set1_epi32(16))), s, b);
-    } else {  // entry i holds code i mod 2^Bits
-      low = high = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(index, _mm512_set1_epi32((1 << Bits) - 1))), s, b);
-    }
-  }
-  __m512 operator()(const uint8_t* p, const uint8_t* end, __m512 low, __m512 high) const {
-    __m512i both;
-    if (p + 16 <= end) {
-      both = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    } else {
-      alignas(16) uint8_t tail[16] = {};  // the weights' last bytes: never read past them
-      std::memcpy(tail, p, 2 * Bits);
-      both = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(tail)));
-    }
-    const __m512i lanes = _mm512_srlv_epi32(_mm512_shuffle_epi8(both, select), shifts);
-    if constexpr (Bits == 5) return _mm512_permutex2var_ps(low, lanes, high);
-    return _mm512_permutexvar_ps(lanes, low);
-  }
-};
-
-template <int Bits, int RB, int CB, typename Rows>
-void tile_stream_lookup(const Rows& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
-  static const StreamLookup<Bits> lookup;
-  __m512 acc[RB][CB];
-  const uint8_t* w[CB];
-  start_tile(r, first, acc, w);
-  TileScales<CB, Rows> scales;
-  for (int64_t g = 0; g < r.groups; ++g) {
-    scales.load(r, first, g);
-    __m512 low[CB], high[CB];
-    for (int j = 0; j < CB; ++j) lookup.values(scales.scale_of(j), scales.bias_of(j), low[j], high[j]);
-    for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 16) {
-      if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) * Bits / 8);
-      for (int j = 0; j < CB; ++j) {
-        const __m512 q = lookup(w[j] + uint64_t(c) * Bits / 8, r.end, low[j], high[j]);
-        for (int i = 0; i < RB; ++i) acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * k + c), q, acc[i][j]);
-      }
-    }
-  }
-  store_sums<RB, CB>(acc, out, ldo);
-}
-
-// At 8 bits on AVX-512: 16 codes widened and dequantized per instruction, lanes 0-7 and 8-15 as the AVX2 tile's two
-// accumulators take them, so again its bits.
-template <int RB, int CB, typename Rows>
-void tile8_wide(const Rows& r, const float* x, int64_t k, int64_t first, float* out, int64_t ldo) {
-  __m512 acc[RB][CB];
-  const uint8_t* w[CB];
-  start_tile(r, first, acc, w);
-  TileScales<CB, Rows> scales;
-  for (int64_t g = 0; g < r.groups; ++g) {
-    scales.load(r, first, g);
-    __m512 scale[CB], bias[CB];
-    for (int j = 0; j < CB; ++j) {
-      scale[j] = scales.scale_of(j);
-      bias[j] = scales.bias_of(j);
-    }
-    for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 16) {
-      if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c));
-      for (int j = 0; j < CB; ++j) {
-        const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + c)));
-        const __m512 q = _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes), scale[j], bias[j]);
-        for (int i = 0; i < RB; ++i) acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * k + c), q, acc[i][j]);
-      }
-    }
-  }
-  store_sums<RB, CB>(acc, out, ldo);
-}
-
-#endif  // __AVX512F__
 
 template <int Bits, int RB, typename Rows>
 void tile_columns(const Rows& r, const float* x, int64_t k, int64_t c, int cb, float* out, int64_t ldo) {
@@ -395,9 +208,9 @@ void tile_columns(const Rows& r, const float* x, int64_t k, int64_t c, int cb, f
   if constexpr (Bits == 4) {  // two weight rows a tile: AVX-512's 32 registers hold 6 rows' accumulators for both
     for (int64_t done = 0; done < cb; done += 2) {
       if (cb - done >= 2) {
-        tile4_lookup<RB, 2>(r, x, k, c + done, out + done, ldo);
+        avx512::tile4_lookup<RB, 2>(r, x, k, c + done, out + done, ldo);
       } else {
-        tile4_lookup<RB, 1>(r, x, k, c + done, out + done, ldo);
+        avx512::tile4_lookup<RB, 1>(r, x, k, c + done, out + done, ldo);
       }
     }
     return;
@@ -406,9 +219,9 @@ void tile_columns(const Rows& r, const float* x, int64_t k, int64_t c, int cb, f
   if constexpr ((Bits == 2 || Bits == 3 || Bits == 5) && RB <= 4) {
     for (int64_t done = 0; done < cb; done += 2) {
       if (cb - done >= 2) {
-        tile_stream_lookup<Bits, RB, 2>(r, x, k, c + done, out + done, ldo);
+        avx512::tile16<avx512::StreamLookup<Bits>, RB, 2>(r, x, k, c + done, out + done, ldo);
       } else {
-        tile_stream_lookup<Bits, RB, 1>(r, x, k, c + done, out + done, ldo);
+        avx512::tile16<avx512::StreamLookup<Bits>, RB, 1>(r, x, k, c + done, out + done, ldo);
       }
     }
     return;
@@ -416,9 +229,9 @@ void tile_columns(const Rows& r, const float* x, int64_t k, int64_t c, int cb, f
   if constexpr (Bits == 8) {
     for (int64_t done = 0; done < cb; done += RB >= 3 ? 1 : 2) {
       if (RB < 3 && cb - done >= 2) {
-        tile8_wide<RB, 2>(r, x, k, c + done, out + done, ldo);
+        avx512::tile16<avx512::Wide8, RB, 2>(r, x, k, c + done, out + done, ldo);
       } else {
-        tile8_wide<RB, 1>(r, x, k, c + done, out + done, ldo);
+        avx512::tile16<avx512::Wide8, RB, 1>(r, x, k, c + done, out + done, ldo);
       }
     }
     return;

@@ -9,10 +9,7 @@
 
 #include <cstdint>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
+#include "affine_codes.h"
 #include "half_convert.h"
 
 namespace mlxspec {
@@ -60,8 +57,8 @@ struct KQuantWeights {
   void super_block_scales(int64_t row, int64_t g, float* scale, float* bias) const {
 #if defined(__AVX2__)
     const int64_t i = row * groups + g;
-    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_scales + i))));
-    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_mins + i))));
+    const __m256 sc = widen8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_scales + i)));
+    const __m256 m = widen8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub_mins + i)));
     const __m256 sign = _mm256_set1_ps(-0.0f);  // -(x) flips the sign bit, as the scalar form does (0 - x would not)
     _mm256_storeu_ps(scale, _mm256_mul_ps(_mm256_set1_ps(super_scales[i / 8]), sc));
     _mm256_storeu_ps(bias, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(super_mins[i / 8]), m), sign));
