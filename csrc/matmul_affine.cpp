@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__)
@@ -201,53 +202,48 @@ void tile(const Rows& r, const float* x, int64_t k, int64_t first, float* out, i
 }
 #endif
 
+// cb weight rows, Step (1 or 2) a tile: tile(CB, done) for each, CB a std::integral_constant of 1 or 2 (2 only
+// while two rows are left).
+template <int Step, typename Tile>
+inline void by_weight_rows(int cb, Tile&& tile) {
+  for (int64_t done = 0; done < cb; done += Step) {
+    if constexpr (Step == 2) {
+      if (cb - done >= 2) {
+        tile(std::integral_constant<int, 2>{}, done);
+        continue;
+      }
+    }
+    tile(std::integral_constant<int, 1>{}, done);
+  }
+}
 
 template <int Bits, int RB, typename Rows>
 void tile_columns(const Rows& r, const float* x, int64_t k, int64_t c, int cb, float* out, int64_t ldo) {
 #if defined(__AVX512F__)
-  if constexpr (Bits == 4) {  // two weight rows a tile: AVX-512's 32 registers hold 6 rows' accumulators for both
-    for (int64_t done = 0; done < cb; done += 2) {
-      if (cb - done >= 2) {
-        avx512::tile4_lookup<RB, 2>(r, x, k, c + done, out + done, ldo);
-      } else {
-        avx512::tile4_lookup<RB, 1>(r, x, k, c + done, out + done, ldo);
-      }
-    }
+  if constexpr (Bits == 4) {  // two weight rows a tile: AVX-512's 32 registers hold 8 rows' accumulators for both
+    by_weight_rows<2>(cb, [&](auto columns, int64_t done) {
+      avx512::tile4_lookup<RB, columns()>(r, x, k, c + done, out + done, ldo);
+    });
     return;
   }
   // (From 5 rows on, the AVX2 tile below was faster here: 7-8 against 4 GiB/s on the 5-bit shapes at M = 5.)
   if constexpr ((Bits == 2 || Bits == 3 || Bits == 5) && RB <= 4) {
-    for (int64_t done = 0; done < cb; done += 2) {
-      if (cb - done >= 2) {
-        avx512::tile16<avx512::StreamLookup<Bits>, RB, 2>(r, x, k, c + done, out + done, ldo);
-      } else {
-        avx512::tile16<avx512::StreamLookup<Bits>, RB, 1>(r, x, k, c + done, out + done, ldo);
-      }
-    }
+    by_weight_rows<2>(cb, [&](auto columns, int64_t done) {
+      avx512::tile16<avx512::StreamLookup<Bits>, RB, columns()>(r, x, k, c + done, out + done, ldo);
+    });
     return;
   }
-  if constexpr (Bits == 8) {
-    for (int64_t done = 0; done < cb; done += RB >= 3 ? 1 : 2) {
-      if (RB < 3 && cb - done >= 2) {
-        avx512::tile16<avx512::Wide8, RB, 2>(r, x, k, c + done, out + done, ldo);
-      } else {
-        avx512::tile16<avx512::Wide8, RB, 1>(r, x, k, c + done, out + done, ldo);
-      }
-    }
+  if constexpr (Bits == 8) {  // (from 3 rows on, one weight row a tile measured faster)
+    by_weight_rows<RB >= 3 ? 1 : 2>(cb, [&](auto columns, int64_t done) {
+      avx512::tile16<avx512::Wide8, RB, columns()>(r, x, k, c + done, out + done, ldo);
+    });
     return;
   }
 #endif
   // Three or more rows of x take one weight row a tile, fewer take two: the accumulators stay in AVX2's 16
   // registers, and two weight rows give one row of x independent chains to overlap.
-  for (int64_t done = 0; done < cb; done += RB >= 3 ? 1 : 2) {
-    if (RB >= 3) {
-      tile<Bits, RB, 1>(r, x, k, c + done, out + done, ldo);
-    } else if (cb - done >= 2) {
-      tile<Bits, RB, 2>(r, x, k, c + done, out + done, ldo);
-    } else {
-      tile<Bits, RB, 1>(r, x, k, c + done, out + done, ldo);
-    }
-  }
+  by_weight_rows<RB >= 3 ? 1 : 2>(
+      cb, [&](auto columns, int64_t done) { tile<Bits, RB, columns()>(r, x, k, c + done, out + done, ldo); });
 }
 
 constexpr int kColumns = 4;  // weight rows a thread takes at a time (a multiple of every tile's CB)
