@@ -76,14 +76,18 @@ void tile4_lookup(const Rows& r, const float* x, int64_t k, int64_t first, float
     for (int j = 0; j < CB; ++j) values[j] = _mm512_fmadd_ps(codes, scales.scale_of(j), scales.bias_of(j));
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 32) {
       if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) / 2);
+      __m512 even[CB], odd[CB];
       for (int j = 0; j < CB; ++j) {
         const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + c / 2)));
-        const __m512 even = _mm512_permutexvar_ps(bytes, values[j]);
-        const __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values[j]);
-        for (int i = 0; i < RB; ++i) {
-          const float* xi = x + i * k + c;
-          acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(xi), even, acc[i][j]);
-          acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(xi + 16), odd, acc[i][j]);
+        even[j] = _mm512_permutexvar_ps(bytes, values[j]);
+        odd[j] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values[j]);
+      }
+      // Each row of x loaded once for all CB weight rows: one load per FMA bounded the many-row tile (prefill).
+      for (int i = 0; i < RB; ++i) {
+        const __m512 x_even = _mm512_loadu_ps(x + i * k + c), x_odd = _mm512_loadu_ps(x + i * k + c + 16);
+        for (int j = 0; j < CB; ++j) {
+          acc[i][j] = _mm512_fmadd_ps(x_even, even[j], acc[i][j]);
+          acc[i][j] = _mm512_fmadd_ps(x_odd, odd[j], acc[i][j]);
         }
       }
     }
@@ -153,6 +157,7 @@ void tile16(const Rows& r, const float* x, int64_t k, int64_t first, float* out,
     for (int j = 0; j < CB; ++j) lookup.values(scales.scale_of(j), scales.bias_of(j), low[j], high[j]);
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 16) {
       if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) * Bits / 8);
+      // (Here each row of x is loaded once per weight row: loading it once for all of them measured slower.)
       for (int j = 0; j < CB; ++j) {
         const __m512 q = lookup(w[j] + uint64_t(c) * Bits / 8, r.end, low[j], high[j]);
         for (int i = 0; i < RB; ++i) acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * k + c), q, acc[i][j]);

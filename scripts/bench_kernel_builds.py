@@ -1,7 +1,8 @@
 """One verify-kernel build, loaded from its .so, for comparing builds: `bits OUT.npz` dumps its outputs (2- to 8-bit
-affine, Q4_K and Q5_K, M = 1..32) for a bitwise check against another build's; `speed` prints GiB/s of
-weight bytes at M = 1 and 5 on the real models' shapes (median of 7). Run builds in alternation, in separate
-processes (one .so a process), e.g.
+affine, Q4_K and Q5_K, M = 1..32) for a bitwise check against another build's; `speed` prints GiB/s of weight
+bytes at M = 1 and 5 on the real models' shapes (median of 7), `rows` the same at M = 1, 2, 3, 4, 5 and 8 (the
+verification sizes); `prefill` prints GFLOP/s at M = 128 on the 1.5B's shapes, a prompt chunk's work. Run builds in
+alternation, in separate processes (one .so a process), e.g.
 
     for r in 1 2 3; do for b in old new; do
       python scripts/bench_kernel_builds.py /tmp/$b.so speed | sed "s/^/$b /"
@@ -76,7 +77,7 @@ def dump_bits(module, out: str) -> None:
     print(len(results), "cases")
 
 
-def time_shapes(module) -> None:
+def time_shapes(module, sizes: tuple[int, ...] = (1, 5)) -> None:
     shapes = {
         "aff8 151936x1536": affine(151936, 1536, 8),
         "aff8 262144x640": affine(262144, 640, 8),
@@ -88,7 +89,7 @@ def time_shapes(module) -> None:
         "aff5 2048x640": affine(2048, 640, 5, 32),  # Gemma 3 270M's MLP (Q5_0)
     }
     for name, (layer, nbytes) in shapes.items():
-        for m in (1, 5):
+        for m in sizes:
             x = mx.ones((m, layer[1]), dtype=mx.float32)
             mx.eval(product(module, layer, x))
             times = []
@@ -99,6 +100,32 @@ def time_shapes(module) -> None:
             print(f"{name} M={m} {nbytes / np.median(times) / 2**30:.2f}")
 
 
+def time_prefill(module, m: int = 128) -> None:
+    shapes = {
+        "kq4 8960x1536": k_quant(8960, 1536),  # the 1.5B's gate and up projections
+        "kq4 1536x8960": k_quant(1536, 8960),  # its down projection (Q4_K layers)
+        "aff8 1536x8960": affine(1536, 8960, 8, 32),  # its down projection (Q6_K layers, held at 8 bits)
+        "kq4 1536x1536": k_quant(1536, 1536),  # its query and output projections
+    }
+    for name, (layer, _) in shapes.items():
+        n = int(name.split()[1].split("x")[0])
+        x = mx.array(rng.standard_normal((m, layer[1])).astype(np.float32))
+        mx.eval(product(module, layer, x))
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            mx.eval(product(module, layer, x))
+            times.append(time.perf_counter() - start)
+        print(f"{name} M={m} {2 * m * n * layer[1] / np.median(times) / 1e9:.1f} GFLOP/s")
+
+
 if __name__ == "__main__":
     build = load_build(sys.argv[1])
-    dump_bits(build, sys.argv[3]) if sys.argv[2] == "bits" else time_shapes(build)
+    if sys.argv[2] == "bits":
+        dump_bits(build, sys.argv[3])
+    elif sys.argv[2] == "prefill":
+        time_prefill(build)
+    elif sys.argv[2] == "rows":  # the verification sizes: v(n) per format
+        time_shapes(build, (1, 2, 3, 4, 5, 8))
+    else:
+        time_shapes(build)
