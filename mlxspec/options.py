@@ -19,7 +19,9 @@ MIN_TEMPERATURE = 1e-6
 MAX_TEMPERATURE = 1e30
 KERNEL_CHOICES = ("auto", "on", "off", "int8")  # the verify kernel (kernels/verify.py): on where built, always, never,
 # or on with int8 activations against quantized weights (lossy: an explicit opt-in, never chosen for the user)
-ACCEPTANCE_CHOICES = ("coupled", "residual")  # how sampled drafts are verified (DecodeOptions.acceptance)
+# How sampled drafts are verified (DecodeOptions.acceptance): "auto" is coupled where a seed was given (its text
+# repeats whatever drafts) and residual (Leviathan/Chen, which keeps more drafted tokens) where none was.
+ACCEPTANCE_CHOICES = ("auto", "coupled", "residual")
 MAX_TOP_LOGPROBS = 20  # alternatives reported per token, as OpenAI's top_logprobs allows
 MAX_CONTEXT_SIZE = 1 << 20  # a penalty's context: more tokens than any context window holds
 MAX_NUM_DRAFT = 64  # the longest chain, or the deepest tree, one step may draft
@@ -118,8 +120,9 @@ class DecodeOptions:
     min_p: float = 0.0
     seed: int | None = 0  # None: a random seed, reported in the result so the run can be repeated
     # "coupled": a seed gives one text whatever drafts (decoding/keys.py); "residual": Leviathan/Chen rejection for
-    # sampled drafts, exact in law only, with a slightly higher acceptance
-    acceptance: str = "coupled"
+    # sampled drafts, exact in law only, with a higher acceptance; "auto": coupled when a seed is given, residual
+    # when it is not (acceptance_rule)
+    acceptance: str = "auto"
     # history-dependent logits processors, as mlx-lm's make_logits_processors (None or {}: off)
     repetition_penalty: float | None = None
     repetition_context_size: int = 20
@@ -206,6 +209,15 @@ class DecodeOptions:
         candidates, the suffix cache), whatever these options draft with."""
         drafting = dict(use_draft=False, lookup=False, suffix=False, tree_topk=1, tree_nodes=None, lookup_candidates=1)
         return self.updated(**drafting, **changes)
+
+    def acceptance_rule(self) -> str:
+        """The rule a run verifies sampled drafts by: "coupled" or "residual" as named; "auto" picks coupled when
+        the caller gave a seed, so that seed's text repeats whatever drafts, and residual when none was given, where
+        nobody asked for the text to repeat and Leviathan/Chen keeps 7-16% more tokens a step on the real pair at
+        T=0.7 (docs/benchmarks.md). XTC takes coupled: residual cannot sample it."""
+        if self.acceptance != "auto":
+            return self.acceptance
+        return "residual" if self.seed is None and not self.sampling.xtc else "coupled"
 
     def updated(self, **changes: Any) -> DecodeOptions:
         """A copy with `changes` applied; an unknown name is refused with the list of known ones."""

@@ -35,6 +35,9 @@ class Stats:
     mode: str = ""  # what drafted, named by mode_name: "plain", "draft", "draft-tree-4x2", "lookup+medusa", ...
     num_draft: int | str = 0  # the draft length, or "auto" (adapted every step)
     seed: int = 0  # the seed used (drawn at random when none was given), so any run can be repeated
+    # the rule sampled drafts were verified by ("coupled" or "residual"; "" when greedy, where both keep the same
+    # tokens): a seed repeats a residual run's text only with --acceptance residual and the same drafting settings
+    acceptance: str = ""
     reused_tokens: int = 0  # prompt tokens whose target cache was kept from the last run (prompt cache)
     prompt_cache: str = ""  # how: "cold", "prefix", "snapshot" (recurrent layers), "recomputed"; "" when off
     prompt_truncated_from: int = 0  # the prompt's length before --truncate cut it (0: not cut)
@@ -80,7 +83,9 @@ class Stats:
         """The one stats line (generate -v, chat, the server's log): key=value pairs a script can split."""
         tree = f"tree_nodes={self.tree_nodes} " if self.tree_nodes else ""
         return (
-            f"mode={self.mode} k={self.num_draft} seed={self.seed} alpha={self.alpha_text} tau={self.tau_text} "
+            f"mode={self.mode} k={self.num_draft} seed={self.seed} "
+            + (f"acceptance={self.acceptance} " if self.acceptance else "")
+            + f"alpha={self.alpha_text} tau={self.tau_text} "
             f"gen={self.tokens_per_second:.1f} tok/s prompt={self.prompt_tokens_per_second:.1f} tok/s "
             f"tokens={self.generated_tokens} target_calls={self.target_calls} {tree}"
             f"kernel={self.kernel.split(' ')[0].rstrip(':') or 'off'} dtype={self.dtype or '-'} "

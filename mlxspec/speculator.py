@@ -177,6 +177,8 @@ class Speculator:
             from mlxspec.healing import heal as heal_prompt
 
             tokens, healed_text, first_token_mask = heal_prompt(self.tokenizer, tokens)
+        options = options.updated(acceptance=options.acceptance_rule())  # (before the seed is drawn: auto reads it)
+        stats.acceptance = "" if options.sampling.greedy else options.acceptance
         stats.seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
         if self.sharding is not None and options.seed is None:
             stats.seed = self.sharding.common_seed(stats.seed)

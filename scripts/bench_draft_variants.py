@@ -6,7 +6,8 @@ and with its output layer cut to its hot tokens (--draft-vocab), at several draf
 
 Prints one row per mode: median tok/s over the repeats (and its spread), the ratio to plain decoding, alpha, tau
 and c, the draft's cost per token over a target step (time per drafted token / time per plain token). Every mode's
-greedy text is checked against plain decoding's (exactness); sampled rows report counts only.
+greedy text is checked against plain decoding's (exactness); sampled rows report counts only, and the acceptance
+rule they ran (`--unseeded` adds each draft row without a seed, where the default rule is Leviathan/Chen's).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def main() -> None:
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--lookup", action="store_true", help="also lookup k=4 and lookup + draft")
     ap.add_argument("--auto", action="store_true", help="also -k auto for each variant")
+    ap.add_argument(
+        "--unseeded",
+        action="store_true",
+        help="also each draft row with no seed (the default rule then: Leviathan/Chen) beside its seeded (coupled) row",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     lengths = args.k or [2, 4]
@@ -72,6 +78,8 @@ def main() -> None:
             modes.append((f"lookup+draft {variant} k=4", variant, dict(num_draft=4, lookup=True)))
     if args.lookup:
         modes.append(("lookup k=4", "plain", dict(num_draft=4, lookup=True, use_draft=False)))
+    if args.unseeded and args.temp > 0:
+        modes += [(f"{name} no-seed", key, dict(change, seed=None)) for name, key, change in modes if key != "plain"]
     base = DecodeOptions(max_tokens=args.max_tokens, stop_at_eos=False, temperature=args.temp, seed=0)
     encoded = [speculators["plain"].encode(p) for p in prompts]
     for spec in speculators.values():  # warm-up: curves measured, chains traced
@@ -80,6 +88,7 @@ def main() -> None:
                 spec.generate(encoded[0], base.updated(max_tokens=8, **change))
     times = {name: [] for name, _, _ in modes}
     counts = {name: [0, 0, 0, 0] for name, _, _ in modes}  # drafted, accepted, target calls, tokens
+    rules = {name: "" for name, _, _ in modes}  # the acceptance rule each sampled row ran
     texts: dict[str, list] = {}
     for repeat in range(args.repeats):
         for name, key, change in modes if repeat % 2 == 0 else modes[::-1]:
@@ -94,6 +103,7 @@ def main() -> None:
                         a + b for a, b in zip(counts[name], [s.drafted, s.accepted, s.target_calls, len(result.tokens)])
                     ]
                     texts.setdefault(name, []).append(result.tokens)
+                    rules[name] = s.acceptance
             times[name].append(tokens / total)
     plain_rate = statistics.median(times["plain"])
     rows = []
@@ -109,12 +119,22 @@ def main() -> None:
         exact = texts[name] == texts["plain"] if args.temp == 0 else None
         spread = (max(times[name]) - min(times[name])) / rate
         rows.append(
-            dict(mode=name, tok_s=rate, spread=spread, ratio=rate / plain_rate, alpha=alpha, tau=tau, c=c, exact=exact)
+            dict(
+                mode=name,
+                acceptance=rules[name],
+                tok_s=rate,
+                spread=spread,
+                ratio=rate / plain_rate,
+                alpha=alpha,
+                tau=tau,
+                c=c,
+                exact=exact,
+            )
         )
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         print(
             f"{name:34} {rate:7.2f} {spread:7.0%} {rate / plain_rate:8.2f} {fmt(alpha, '6.2f')} "
-            f"{fmt(tau, '5.2f')} {fmt(c, '5.2f')}  {exact}"
+            f"{fmt(tau, '5.2f')} {fmt(c, '5.2f')}  {exact} {rules[name]}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(dict(args=vars(args), rows=rows), indent=1))

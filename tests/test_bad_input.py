@@ -267,9 +267,13 @@ def test_api_num_draft_as_text_means_that_number(tiny_dirs):
 
 
 def test_api_seed_none_is_random_and_reported_so_the_run_repeats(tiny_dirs):
+    """A run without a seed reports the seed it drew and the rule it kept drafts by (Leviathan/Chen: no seed was
+    given); the two together repeat it."""
     spec = mlxspec.load(tiny_dirs["target"], draft=tiny_dirs["draft"], num_draft=2)
     first = spec.generate("abc", max_tokens=12, temperature=1.0, seed=None, stop_at_eos=False)
-    again = spec.generate("abc", max_tokens=12, temperature=1.0, seed=first.stats.seed, stop_at_eos=False)
+    assert first.stats.acceptance == "residual"
+    seed, rule = first.stats.seed, first.stats.acceptance
+    again = spec.generate("abc", max_tokens=12, temperature=1.0, seed=seed, acceptance=rule, stop_at_eos=False)
     assert again.tokens == first.tokens
 
 

@@ -1,8 +1,8 @@
 """Same seed, same text: sampled output keyed by output position (decoding/keys.py).
 
-With acceptance="coupled" (the default) a seed gives mlx-lm's own text for that seed, whatever drafted, at whatever
-draft length, alone or in a batch; "residual" keeps Leviathan/Chen, exact in law (its law tests are in
-test_engine_exactness.py).
+With acceptance="coupled" a seed gives mlx-lm's own text for that seed, whatever drafted, at whatever draft length,
+alone or in a batch; "residual" keeps Leviathan/Chen, exact in law (its law tests are in test_engine_exactness.py).
+The default, "auto", is coupled where the caller gives a seed and residual where none is given.
 """
 
 from __future__ import annotations
@@ -116,13 +116,37 @@ def test_residual_acceptance_is_still_there_and_named(spec, cli_run):
     prompt = spec.tokenizer.encode(PROMPT)
     result = spec.generate(prompt, max_tokens=24, seed=5, temperature=0.7, acceptance="residual", num_draft=3)
     assert len(result.tokens) > 0 and result.stats.drafted > 0
-    with pytest.raises(UserError, match=r"acceptance 'lossy' is not one of coupled, residual"):
+    with pytest.raises(UserError, match=r"acceptance 'lossy' is not one of auto, coupled, residual"):
         spec.generate(prompt, max_tokens=4, acceptance="lossy")
     code, _, err = cli_run("generate", PROMPT, "--acceptance", "lossy", "--max-tokens", "4")
     assert code == 2 and "--acceptance" in err and "Traceback" not in err
     code, out, err = cli_run("generate", PROMPT, "--temp", "0.7", "--seed", "5", "--max-tokens", "12", "--json")
     coupled = json.loads(out)["tokens"]
     assert code == 0 and coupled == mlx_lm_seeded(spec.target.model, prompt, 5, 12, dict(temperature=0.7))
+
+
+def test_auto_acceptance_is_coupled_with_a_seed_and_residual_without(spec, cli_run, monkeypatch):
+    """The default rule: a given seed keeps coupled (its text is mlx-lm's for that seed, whatever drafts). No seed
+    takes Leviathan/Chen, named in stats, -v and --json, and the seed it reports repeats its text under residual.
+    The drawn seed is fixed here (os.urandom) so that coupled and residual texts for it are known to differ."""
+    prompt = spec.tokenizer.encode(PROMPT)
+    ask = dict(max_tokens=24, temperature=0.7, num_draft=3)
+    seeded = spec.generate(prompt, seed=7, **ask)
+    assert seeded.stats.acceptance == "coupled"
+    assert seeded.tokens == mlx_lm_seeded(spec.target.model, prompt, 7, 24, dict(temperature=0.7))
+    residual = spec.generate(prompt, seed=7, acceptance="residual", **ask)
+    assert residual.stats.acceptance == "residual" and residual.tokens != seeded.tokens  # the rules differ at seed 7
+    monkeypatch.setattr("mlxspec.speculator.os.urandom", lambda n: (7).to_bytes(n, "little"))
+    unseeded = spec.generate(prompt, seed=None, **ask)
+    assert unseeded.stats.seed == 7 and unseeded.stats.acceptance == "residual" and unseeded.stats.drafted > 0
+    assert unseeded.tokens == residual.tokens  # residual ran, and its printed seed repeats it
+    assert spec.generate(prompt, seed=None, acceptance="coupled", **ask).tokens == seeded.tokens  # named: kept
+    assert spec.generate(prompt, seed=None, xtc_probability=0.5, **ask).stats.acceptance == "coupled"  # XTC
+    assert spec.generate(prompt, seed=None, max_tokens=8, num_draft=3).stats.acceptance == ""  # greedy: no rule
+    code, out, err = cli_run("generate", PROMPT, "--temp", "0.7", "--max-tokens", "8", "--json")
+    assert code == 0 and json.loads(out)["stats"]["acceptance"] == "residual"
+    code, out, err = cli_run("generate", PROMPT, "--temp", "0.7", "--seed", "3", "--max-tokens", "8", "-v")
+    assert code == 0 and " acceptance=coupled " in err
 
 
 PENALTIES = [

@@ -232,6 +232,11 @@ def test_usage_carries_the_speculative_stats_and_the_reused_prefix(client):
     reused = second.usage.prompt_tokens_details.cached_tokens
     assert second.usage.model_extra["speculative"]["prompt_cache"] == "prefix"
     assert first.usage.prompt_tokens < reused < second.usage.prompt_tokens
+    # The rule sampled drafts were kept by: none when greedy, coupled for a seeded request, Leviathan/Chen without.
+    assert stats["acceptance"] is None
+    seeded = chat(client, content="import os\n", max_tokens=4, temperature=0.7, seed=1).usage.model_extra
+    unseeded = chat(client, content="import os\n", max_tokens=4, temperature=0.7).usage.model_extra
+    assert seeded["speculative"]["acceptance"] == "coupled" and unseeded["speculative"]["acceptance"] == "residual"
 
 
 def test_stop_strings_and_seeds(client):

@@ -71,7 +71,7 @@ def options_from(p: dict) -> DecodeOptions:
         top_k=p["top_k"],
         min_p=p["min_p"],
         seed=p["seed"],
-        acceptance=p.get("acceptance") or "coupled",
+        acceptance=p.get("acceptance") or "auto",
         repetition_penalty=p.get("repetition_penalty"),
         repetition_context_size=p.get("repetition_context_size", 20),
         presence_penalty=p.get("presence_penalty"),

@@ -147,17 +147,19 @@ SAMPLING_OPTIONS = [
         "--seed",
         type=click.IntRange(0, 2**64 - 1),
         default=None,
-        help="Random seed [default: random, printed by -v and --json].",
+        help="Random seed [default: random, printed by -v and --json beside the acceptance rule that ran; both "
+        "together repeat the run].",
     ),
     click.option(
         "--acceptance",
-        type=click.Choice(["coupled", "residual"]),
-        default="coupled",
+        type=click.Choice(["auto", "coupled", "residual"]),
+        default="auto",
         show_default=True,
         help="How sampled drafts are kept: coupled gives one text per seed whatever drafts (mlx-lm's own text for "
-        "that seed); residual is Leviathan/Chen rejection, exact in law only, with a slightly higher acceptance: its "
-        "text for a seed depends on the draft lengths too, so it repeats with the same drafter, -k and stored cost "
-        "curve (-k auto then sizes drafts by the text and that curve alone).",
+        "that seed); residual is Leviathan/Chen rejection, exact in law only, keeping more drafted tokens: its text "
+        "for a seed depends on the draft lengths too, so it repeats with the same drafter, -k and stored cost curve "
+        "(-k auto then sizes drafts by the text and that curve alone); auto is coupled with --seed and residual "
+        "without (-v and --json say which ran).",
     ),
     click.option("--repetition-penalty", type=float, default=None, help="mlx-lm's multiplicative repetition penalty."),
     click.option("--repetition-context-size", type=int, default=20, show_default=True),

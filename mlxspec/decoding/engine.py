@@ -73,6 +73,7 @@ class SpeculativeEngine:
         # Every draw of the target's tokens, and of coupled drafts, is keyed by output position (keys.py);
         # `key` splits per step only for Leviathan/Chen's draws under acceptance="residual"
         self.position_keys = PositionKeys(seed, draws=2 if sampling.xtc else 1)
+        assert acceptance in ("coupled", "residual"), acceptance  # "auto" is resolved by build_engine
         self.coupled = acceptance == "coupled"
         self.key = mx.random.key(seed)
         self.generated = 0  # tokens emitted so far: the output position the next target row decides

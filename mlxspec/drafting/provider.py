@@ -119,7 +119,7 @@ class DrafterProvider:
         # Leviathan/Chen's draws are split per step, so its text follows the lengths drafted: those then follow the
         # text and the stored curve alone (no timing of this load, no carry from earlier runs), so a seed repeats
         # its text from run to run.
-        residual = options.acceptance == "residual" and not options.sampling.greedy
+        residual = options.acceptance_rule() == "residual" and not options.sampling.greedy
         controller = self.draft_length_controller(
             options.depth,
             with_draft=isinstance(model_part, (DraftModelDrafter, CrossTokenizerDrafter)),

@@ -35,6 +35,7 @@ def usage(stats: Stats) -> dict:
             "prompt_cache": stats.prompt_cache,
             "reused_tokens": stats.reused_tokens,
             "seed": stats.seed,
+            "acceptance": stats.acceptance or None,  # the rule sampled drafts were kept by (null: greedy)
             "note": stats.note,
         },
     }
