@@ -77,6 +77,17 @@ def dump_bits(module, out: str) -> None:
     print(len(results), "cases")
 
 
+def median_seconds(module, layer, x: mx.array, repeats: int) -> float:
+    """One product's median time after a warm-up call."""
+    mx.eval(product(module, layer, x))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(product(module, layer, x))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
 def time_shapes(module, sizes: tuple[int, ...] = (1, 5)) -> None:
     shapes = {
         "aff8 151936x1536": affine(151936, 1536, 8),
@@ -90,14 +101,8 @@ def time_shapes(module, sizes: tuple[int, ...] = (1, 5)) -> None:
     }
     for name, (layer, nbytes) in shapes.items():
         for m in sizes:
-            x = mx.ones((m, layer[1]), dtype=mx.float32)
-            mx.eval(product(module, layer, x))
-            times = []
-            for _ in range(7):
-                start = time.perf_counter()
-                mx.eval(product(module, layer, x))
-                times.append(time.perf_counter() - start)
-            print(f"{name} M={m} {nbytes / np.median(times) / 2**30:.2f}")
+            seconds = median_seconds(module, layer, mx.ones((m, layer[1]), dtype=mx.float32), 7)
+            print(f"{name} M={m} {nbytes / seconds / 2**30:.2f}")
 
 
 def time_prefill(module, m: int = 128) -> None:
@@ -109,14 +114,8 @@ def time_prefill(module, m: int = 128) -> None:
     }
     for name, (layer, _) in shapes.items():
         n = int(name.split()[1].split("x")[0])
-        x = mx.array(rng.standard_normal((m, layer[1])).astype(np.float32))
-        mx.eval(product(module, layer, x))
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            mx.eval(product(module, layer, x))
-            times.append(time.perf_counter() - start)
-        print(f"{name} M={m} {2 * m * n * layer[1] / np.median(times) / 1e9:.1f} GFLOP/s")
+        seconds = median_seconds(module, layer, mx.array(rng.standard_normal((m, layer[1])).astype(np.float32)), 5)
+        print(f"{name} M={m} {2 * m * n * layer[1] / seconds / 1e9:.1f} GFLOP/s")
 
 
 if __name__ == "__main__":
