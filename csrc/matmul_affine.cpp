@@ -202,30 +202,20 @@ void tile(const Rows& r, const float* x, int64_t k, int64_t first, float* out, i
 }
 #endif
 
-// cb weight rows, at most Step (1, 2 or 4) a tile: tile(CB, done) for each, CB a std::integral_constant of 4, 2
-// or 1 (the widest that Step allows and the rows left fill).
+// cb weight rows, Step (1 or 2) a tile: tile(CB, done) for each, CB a std::integral_constant of 1 or 2 (2 only
+// while two rows are left).
 template <int Step, typename Tile>
 inline void by_weight_rows(int cb, Tile&& tile) {
-  for (int64_t done = 0; done < cb;) {
-    if constexpr (Step >= 4) {
-      if (cb - done >= 4) {
-        tile(std::integral_constant<int, 4>{}, done);
-        done += 4;
-        continue;
-      }
-    }
-    if constexpr (Step >= 2) {
+  for (int64_t done = 0; done < cb; done += Step) {
+    if constexpr (Step == 2) {
       if (cb - done >= 2) {
         tile(std::integral_constant<int, 2>{}, done);
-        done += 2;
         continue;
       }
     }
     tile(std::integral_constant<int, 1>{}, done);
-    done += 1;
   }
 }
-
 
 template <int Bits, int RB, typename Rows>
 void tile_columns(const Rows& r, const float* x, int64_t k, int64_t c, int cb, float* out, int64_t ldo) {

@@ -213,8 +213,8 @@ class DecodeOptions:
     def acceptance_rule(self) -> str:
         """The rule a run verifies sampled drafts by: "coupled" or "residual" as named; "auto" picks coupled when
         the caller gave a seed, so that seed's text repeats whatever drafts, and residual when none was given, where
-        nobody asked for the text to repeat and Leviathan/Chen keeps 7-16% more tokens a step on the real pair at
-        T=0.7 (docs/benchmarks.md). XTC takes coupled: residual cannot sample it."""
+        nobody asked for the text to repeat and Leviathan/Chen keeps 12-35% more tokens a step on the real pair at
+        T=0.7 (docs/benchmarks.md, 2026-12-07). XTC takes coupled: residual cannot sample it."""
         if self.acceptance != "auto":
             return self.acceptance
         return "residual" if self.seed is None and not self.sampling.xtc else "coupled"

@@ -34,7 +34,6 @@ def build_engine(
     node budget and KV bits. `seed` overrides options.seed (a drawn random seed); `cache` continues a kept target
     cache (prompt_cache.py); `controller` adapts each step's draft length (draft_length.DraftLengthController); `ranks`
     share a sharded target; `settings` reach the engine as they are (max_merged_replay, prefill_chunk)."""
-    acceptance = options.updated(seed=options.seed if seed is None else seed).acceptance_rule()  # auto reads the seed
     if seed is None:
         seed = options.seed or 0
     engine = SpeculativeEngine(
@@ -43,7 +42,7 @@ def build_engine(
         options.sampling,
         num_draft=options.depth,
         seed=seed,
-        acceptance=acceptance,
+        acceptance=options.acceptance_rule(),  # by the caller's seed, not a drawn `seed`
         processors=make_processors(options),
         processor_window=processor_window(options),
         logprobs=options.logprobs,
