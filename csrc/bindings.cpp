@@ -5,6 +5,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "dequantize_rows.h"
 #include "sampling_ops.h"
 #include "verify_attention.h"
 #include "verify_kquant.h"
@@ -31,6 +32,12 @@ NB_MODULE(_verify_kernel, m) {
         "super_scales"_a, "super_mins"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x @ dequantize(w).T for Q4_K/Q5_K super-blocks held factored (d, dmin per 256; sc, m per 32); bitwise "
         "verify_qmatmul's with the products d * sc and -dmin * m as float32 scales and biases.");
+  m.def("dequantize_affine", &mlxspec::dequantize_affine, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        "dequantize(w) as float32 [N, K], each value the kernel's own weight (scale * q + bias, one FMA).");
+  m.def("dequantize_kquant", &mlxspec::dequantize_kquant, "w"_a, "sub_scales"_a, "sub_mins"_a, "super_scales"_a,
+        "super_mins"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "A K-quant matrix held factored as float32 [N, K], the values verify_kquant_matmul multiplies by.");
   m.def("verify_attention", &mlxspec::verify_attention, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a = nb::none(),
         "causal"_a = false, nb::kw_only(), "stream"_a = nb::none(),
         "Attention for a step's few query rows, each row's output independent of the row count and masked keys.");

@@ -35,10 +35,11 @@ def load_build(path: str):
     return module
 
 
-def affine(n: int, k: int, bits: int, group: int = 64):
+def affine(n: int, k: int, bits: int, group: int = 64, dtype: mx.Dtype = mx.float32):
+    """A random affine layer; dtype that of its scales and biases (a GGUF's Q4_0/Q5_0/Q8_0 convert to float16)."""
     w = mx.array(rng.integers(0, 2**32, (n, k * bits // 32), dtype=np.uint32))
-    s = mx.array(rng.standard_normal((n, k // group)).astype(np.float32) * 0.01)
-    b = mx.array(rng.standard_normal((n, k // group)).astype(np.float32) * 0.01)
+    s = mx.array(rng.standard_normal((n, k // group)).astype(np.float32) * 0.01).astype(dtype)
+    b = mx.array(rng.standard_normal((n, k // group)).astype(np.float32) * 0.01).astype(dtype)
     mx.eval(w, s, b)
     return ("affine", k, (w, s, b, group, bits)), w.nbytes + s.nbytes + b.nbytes
 
@@ -65,6 +66,9 @@ def dump_bits(module, out: str) -> None:
         "a2": affine(70, 384, 2),
         "a3": affine(90, 320, 3, 32),
         "a6": affine(50, 256, 6),
+        "a5h": affine(70, 640, 5, 32, mx.float16),  # 20 groups a row: 16 widened at once, then 4
+        "a8h": affine(40, 2048, 8, 32, mx.float16),
+        "a4b": affine(33, 1024, 4, 32, mx.bfloat16),
         "k4": k_quant(200, 512),
         "k5": k_quant(130, 768, "Q5_K"),
     }
@@ -97,7 +101,8 @@ def time_shapes(module, sizes: tuple[int, ...] = (1, 5)) -> None:
         "aff4 151936x1536": affine(151936, 1536, 4),
         "aff4 262144x640": affine(262144, 640, 4),
         "aff5 4864x896": affine(4864, 896, 5, 32),  # the 0.5B draft's MLP (Q5_0)
-        "aff5 2048x640": affine(2048, 640, 5, 32),  # Gemma 3 270M's MLP (Q5_0)
+        "aff5 2048x640": affine(2048, 640, 5, 32, mx.float16),  # Gemma 3 270M's MLP (Q5_0)
+        "aff8 640x2048": affine(640, 2048, 8, 32, mx.float16),  # its Q8_0 down projections
     }
     for name, (layer, nbytes) in shapes.items():
         for m in sizes:

@@ -20,6 +20,7 @@ from mlxspec.cache.recurrent import Snapshot
 from mlxspec.cache.rollback import CacheSpec
 from mlxspec.decoding.draft import Draft, Drafter
 from mlxspec.decoding.target_features import forward_with_hidden
+from mlxspec.kernels.many_rows import prompt_rows
 
 PREFILL, STEP = "prefill", "step"
 
@@ -57,11 +58,13 @@ def answer_alone(request: ForwardRequest | DraftRequest) -> Reply | Draft | None
 
 
 def run_alone(request: ForwardRequest) -> Reply:
-    """The request's forward by itself, as batch size 1."""
-    if request.taps is not None:
-        hidden, logits = forward_with_hidden(request.model, request.inputs[None], request.cache, request.taps)
-        return logits[0], hidden[0]
-    return request.model(request.inputs[None], cache=request.cache)[0], None
+    """The request's forward by itself, as batch size 1 (a prompt chunk's with its quantized products as GEMMs:
+    kernels/many_rows.py)."""
+    with prompt_rows(request.kind == PREFILL):
+        if request.taps is not None:
+            hidden, logits = forward_with_hidden(request.model, request.inputs[None], request.cache, request.taps)
+            return logits[0], hidden[0]
+        return request.model(request.inputs[None], cache=request.cache)[0], None
 
 
 def drive(phases: Phases) -> Any:

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.errors import UserError
-from mlxspec.k_quants import KQuantEmbedding, KQuantLinear
+from mlxspec.k_quants import PARTS, KQuantEmbedding, KQuantLinear
 from mlxspec.kernels.attention import KernelAttention, kernel_attention, routed_class
+from mlxspec.kernels.many_rows import MAX_ROWS, in_row_chunks, prompt_rows_active, widened_product
+from mlxspec.kernels.many_rows import rows_of as _rows
 from mlxspec.options import KERNEL_CHOICES
 
-MAX_ROWS = 32  # more rows than this (prefill, the biggest trees) go to MLX's own matmul
 FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 
 
@@ -67,6 +67,17 @@ class CPUExtension:
     def kquant_matmul(self, x: mx.array, layer: KQuantLinear) -> mx.array:
         parts = (layer.weight, layer.sub_scales, layer.sub_mins, layer.super_scales, layer.super_mins)
         return self.module.verify_kquant_matmul(x, *parts, layer.bits, stream=mx.cpu)
+
+    def widens(self) -> bool:
+        """The build has the widening ops (a kernel built before them has not)."""
+        return hasattr(self.module, "dequantize_affine")
+
+    def widen_affine(self, w, scales, biases, group_size: int, bits: int) -> mx.array:
+        """dequantize(w) [N, K] float32: each value the weight the kernel multiplies by."""
+        return self.module.dequantize_affine(w, scales, biases, group_size, bits, stream=mx.cpu)
+
+    def widen_kquant(self, parts: tuple[mx.array, ...], bits: int) -> mx.array:
+        return self.module.dequantize_kquant(*parts, bits, stream=mx.cpu)
 
     def attention(self, q, k, v, scale: float, mask, causal: bool) -> mx.array:
         return self.module.verify_attention(q, k, v, scale, mask, causal, stream=mx.cpu)
@@ -170,18 +181,6 @@ def warn_once_without_kernel(status: str) -> None:
 # ---- routing: layer classes that call the kernel for up to MAX_ROWS rows, MLX's own op beyond ----
 
 
-def _rows(x: mx.array) -> int:
-    return x.size // x.shape[-1] if x.ndim else 0
-
-
-def _in_row_chunks(x: mx.array, product: Callable[[mx.array], mx.array]) -> mx.array:
-    """product(rows) for a prefill's many rows, MAX_ROWS at a time. The kernel's rows are independent, so a
-    prefilled row has the bits it would have had alone."""
-    rows = x.reshape(-1, x.shape[-1])
-    parts = [product(rows[i : i + MAX_ROWS]) for i in range(0, rows.shape[0], MAX_ROWS)]
-    return mx.concatenate(parts, axis=0).reshape(*x.shape[:-1], -1)
-
-
 @functools.lru_cache(maxsize=1)
 def _reference_blas() -> bool:
     """MLX's CPU matmul resolves to the reference BLAS (about 1 GFLOP/s): the kernel in chunks is faster there."""
@@ -206,8 +205,19 @@ def _dense_call(backend: VerifyBackend, weight: mx.array, x: mx.array) -> mx.arr
     if (x.dtype != weight.dtype and not mixed) or (_rows(x) > MAX_ROWS and not _reference_blas()):
         return None
     if _rows(x) > MAX_ROWS:
-        return _in_row_chunks(x, lambda rows: backend.matmul(rows, weight))
+        return in_row_chunks(x, lambda rows: backend.matmul(rows, weight))
     return backend.matmul(x, weight)
+
+
+def _widening(backend: VerifyBackend, x: mx.array) -> bool:
+    """A prompt chunk's product by GEMM on widened weights (many_rows.py), where a real BLAS runs it."""
+    return (
+        prompt_rows_active()
+        and _rows(x) > MAX_ROWS
+        and x.dtype == mx.float32
+        and not _reference_blas()
+        and getattr(backend, "widens", lambda: False)()
+    )
 
 
 def _quantized_call(layer, x: mx.array) -> mx.array | None:
@@ -217,8 +227,15 @@ def _quantized_call(layer, x: mx.array) -> mx.array | None:
     operands = (layer.weight, layer.scales, layer.biases, layer.group_size, layer.bits)
     if _rows(x) <= MAX_ROWS:
         return layer.backend.qmatmul(x, *operands)
+    if _widening(layer.backend, x):
+        w, scales, biases = operands[:3]
+        return widened_product(
+            x,
+            lambda a, b: layer.backend.widen_affine(w[a:b], scales[a:b], biases[a:b], layer.group_size, layer.bits),
+            w.shape[0],
+        )
     # MLX's CPU quantized_matmul re-reads every weight for every row (0.4 GiB/s): a prefill goes through the kernel
-    return _in_row_chunks(x, lambda rows: layer.backend.qmatmul(rows, *operands))
+    return in_row_chunks(x, lambda rows: layer.backend.qmatmul(rows, *operands))
 
 
 class VerifyQuantizedLinear(nn.QuantizedLinear):
@@ -255,7 +272,12 @@ def _kquant_call(layer: KQuantLinear, x: mx.array) -> mx.array | None:
         return None
     if _rows(x) <= MAX_ROWS:
         return layer.backend.kquant_matmul(x, layer)
-    return _in_row_chunks(x, lambda rows: layer.backend.kquant_matmul(rows, layer))
+    if _widening(layer.backend, x):
+        parts = [getattr(layer, name) for name in PARTS]
+        return widened_product(
+            x, lambda a, b: layer.backend.widen_kquant(tuple(p[a:b] for p in parts), layer.bits), layer.weight.shape[0]
+        )
+    return in_row_chunks(x, lambda rows: layer.backend.kquant_matmul(rows, layer))
 
 
 class VerifyKQuantLinear(KQuantLinear):

@@ -14,6 +14,7 @@ from mlxspec.decoding.sampling import SamplingConfig, pick_draft_token
 from mlxspec.decoding.trees import TreeShape, caterpillar_chain_nodes, caterpillar_parents
 from mlxspec.drafting.draft_model.batched import propose_rows
 from mlxspec.drafting.draft_model.compiled import UNTRACEABLE, CompiledDraftChain, supports_compiled_draft
+from mlxspec.kernels.many_rows import prompt_rows
 from mlxspec.options import ADAPTIVE_MAX_DRAFT
 
 MAX_STEP_TOKENS = ADAPTIVE_MAX_DRAFT + 1  # the most pending tokens an adaptive step leaves: the chain's traced lengths
@@ -75,14 +76,15 @@ class DraftModelDrafter(Drafter):
 
     def prefill(self, history: Sequence[int], chunk: int = 512) -> None:
         self.history = history
-        if self.compiled:
-            try:
-                self.compiled.prefill(self._pending()[:-1], chunk)
-                return
-            except UNTRACEABLE:
-                self._go_eager()
-                return
-        self._prefill_eagerly(chunk)
+        with prompt_rows():  # a draft's prompt rows as GEMMs too: its bits only shape its guesses
+            if self.compiled:
+                try:
+                    self.compiled.prefill(self._pending()[:-1], chunk)
+                    return
+                except UNTRACEABLE:
+                    self._go_eager()
+                    return
+            self._prefill_eagerly(chunk)
 
     def catch_up(self) -> None:
         # After a pause the pending tokens number more than any step keeps: fed whole, each new length would trace
