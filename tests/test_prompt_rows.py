@@ -63,7 +63,7 @@ def test_widened_k_quants_are_the_kernels_own(type_name):
     n, k = 21, 512
     layer = layer_of(random_blocks(type_name, n, k, rng, scale=0.05), type_name, (n, k))
     parts = tuple(getattr(layer, name) for name in ("weight", "sub_scales", "sub_mins", "super_scales", "super_mins"))
-    widened = np.array(BACKEND.widen_kquant(parts, layer.bits))
+    widened = np.array(BACKEND.widen_kquant(*parts, layer.bits))
     weight, scales, biases = layer.affine()
     assert np.array_equal(widened, np.array(mx.dequantize(weight, scales, biases, group_size=32, bits=layer.bits)))
     one_hot = mx.array(np.eye(k, dtype=np.float32)[:32])

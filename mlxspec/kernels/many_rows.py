@@ -48,11 +48,17 @@ def prompt_rows_active() -> bool:
     return _PROMPT_ROWS.get()
 
 
-def widened_product(x: mx.array, widen: Callable[[int, int], mx.array], n: int) -> mx.array:
-    """x [..., K] @ w.T [K, n], w's rows [start, stop) widened to float32 by widen(start, stop), a block at a time
-    (the whole matrix widened at once faulted in fresh pages and measured no faster than the kernel)."""
-    k = x.shape[-1]
+def widened_product(
+    x: mx.array, widen: Callable[..., mx.array], sliced: tuple[mx.array, ...], fixed: tuple[int, ...]
+) -> mx.array:
+    """x [..., K] @ w.T for a weight held as `sliced` (arrays with one row per weight row: codes, scales, ...):
+    each block of rows widened to float32 by widen(*rows of each of sliced, *fixed), WIDEN_BLOCK_BYTES of float32
+    at a time (the whole matrix widened at once faulted in fresh pages and measured no faster than the kernel)."""
+    k, n = x.shape[-1], sliced[0].shape[0]
     rows = x.reshape(-1, k)
     step = max(16, WIDEN_BLOCK_BYTES // (4 * k))
-    parts = [rows @ widen(start, min(start + step, n)).T for start in range(0, n, step)]
+    parts = []
+    for start in range(0, n, step):
+        block = widen(*(a[start : start + step] for a in sliced), *fixed)
+        parts.append(rows @ block.T)
     return mx.concatenate(parts, axis=1).reshape(*x.shape[:-1], n)

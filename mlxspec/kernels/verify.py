@@ -43,6 +43,10 @@ class VerifyBackend(Protocol):
     def kquant_matmul(self, x: mx.array, layer: KQuantLinear) -> mx.array:
         """x @ w.T for a K-quant layer held factored (k_quants.py), float32 x."""
 
+    def widens(self) -> bool:
+        """Whether widen_affine and widen_kquant are there (prompt rows by GEMM, many_rows.py); a backend without
+        them prefills through its matmuls in MAX_ROWS chunks."""
+
     def attention(
         self, q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None, causal: bool
     ) -> mx.array:
@@ -76,8 +80,9 @@ class CPUExtension:
         """dequantize(w) [N, K] float32: each value the weight the kernel multiplies by."""
         return self.module.dequantize_affine(w, scales, biases, group_size, bits, stream=mx.cpu)
 
-    def widen_kquant(self, parts: tuple[mx.array, ...], bits: int) -> mx.array:
-        return self.module.dequantize_kquant(*parts, bits, stream=mx.cpu)
+    def widen_kquant(self, w, sub_scales, sub_mins, super_scales, super_mins, bits: int) -> mx.array:
+        """A K-quant matrix held factored (k_quants.PARTS) as float32 [N, K], the kernel's weights."""
+        return self.module.dequantize_kquant(w, sub_scales, sub_mins, super_scales, super_mins, bits, stream=mx.cpu)
 
     def attention(self, q, k, v, scale: float, mask, causal: bool) -> mx.array:
         return self.module.verify_attention(q, k, v, scale, mask, causal, stream=mx.cpu)
@@ -229,11 +234,7 @@ def _quantized_call(layer, x: mx.array) -> mx.array | None:
         return layer.backend.qmatmul(x, *operands)
     if _widening(layer.backend, x):
         w, scales, biases = operands[:3]
-        return widened_product(
-            x,
-            lambda a, b: layer.backend.widen_affine(w[a:b], scales[a:b], biases[a:b], layer.group_size, layer.bits),
-            w.shape[0],
-        )
+        return widened_product(x, layer.backend.widen_affine, (w, scales, biases), (layer.group_size, layer.bits))
     # MLX's CPU quantized_matmul re-reads every weight for every row (0.4 GiB/s): a prefill goes through the kernel
     return in_row_chunks(x, lambda rows: layer.backend.qmatmul(rows, *operands))
 
@@ -273,10 +274,8 @@ def _kquant_call(layer: KQuantLinear, x: mx.array) -> mx.array | None:
     if _rows(x) <= MAX_ROWS:
         return layer.backend.kquant_matmul(x, layer)
     if _widening(layer.backend, x):
-        parts = [getattr(layer, name) for name in PARTS]
-        return widened_product(
-            x, lambda a, b: layer.backend.widen_kquant(tuple(p[a:b] for p in parts), layer.bits), layer.weight.shape[0]
-        )
+        parts = tuple(getattr(layer, name) for name in PARTS)
+        return widened_product(x, layer.backend.widen_kquant, parts, (layer.bits,))
     return in_row_chunks(x, lambda rows: layer.backend.kquant_matmul(rows, layer))
 
 
