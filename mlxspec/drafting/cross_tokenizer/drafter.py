@@ -36,6 +36,7 @@ from mlxspec.decoding.sampling import SamplingConfig, to_probs
 from mlxspec.drafting.cross_tokenizer.bridge import VocabBridge, complete_utf8
 from mlxspec.drafting.draft_model.compiled import UNTRACEABLE, CompiledDraftChain, supports_compiled_draft
 from mlxspec.errors import UserError
+from mlxspec.kernels.many_rows import prompt_rows
 
 PREFILL_CHUNK = 512
 
@@ -72,7 +73,8 @@ class CrossTokenizerDrafter(Drafter):
         text = complete_utf8(bytes(self.committed))
         self.draft_ids = self.bridge.encode_draft(text, first=True) or sorted(self.bridge.draft_eos)[:1] or [0]
         self.synced = len(text)
-        self._feed(self.draft_ids[:-1])
+        with prompt_rows():  # the draft's prompt rows as GEMMs, as a draft model's (its bits only shape guesses)
+            self._feed(self.draft_ids[:-1])
 
     def _feed(self, ids: list[int]) -> None:
         if self.compiled is not None:
