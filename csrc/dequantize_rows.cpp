@@ -21,16 +21,18 @@ using namespace mlx::core;
 
 namespace {
 
-// Code c of a row, read from MLX's little-endian bit stream (any bits 2..8; the portable path and the tails).
+#if !defined(__AVX2__)
+// Code c of a row, read from MLX's little-endian bit stream (any bits 2..8; the portable path).
 inline int code_at(const uint8_t* row, const uint8_t* end, int64_t c, int bits) {
   const int64_t bit = c * bits;
   const uint8_t* p = row + bit / 8;
   const unsigned pair = p[0] | (p + 1 < end ? unsigned(p[1]) << 8 : 0u);
   return int((pair >> (bit % 8)) & ((1u << bits) - 1));
 }
+#endif
 
 template <int Bits, typename Rows>
-void widen_row(const Rows& r, int64_t row, int64_t k, float* out) {
+void widen_row(const Rows& r, int64_t row, float* out) {
   const uint8_t* codes = r.w + row * r.row_bytes;
 #if defined(__AVX2__)
   static const StreamCodes<Bits> stream;
@@ -51,7 +53,6 @@ void widen_row(const Rows& r, int64_t row, int64_t k, float* out) {
     for (int64_t c = begin; c < end; ++c) out[c] = std::fma(float(code_at(codes, r.end, c, Bits)), scale, bias);
 #endif
   }
-  (void)k;
 }
 
 template <typename Rows>
@@ -60,12 +61,12 @@ void widen_rows(const Rows& r, int bits, int64_t n, int64_t k, float* out) {
     for (int64_t row = begin; row < end; ++row) {
       float* dst = out + row * k;
       switch (bits) {
-        case 2: widen_row<2>(r, row, k, dst); break;
-        case 3: widen_row<3>(r, row, k, dst); break;
-        case 4: widen_row<4>(r, row, k, dst); break;
-        case 5: widen_row<5>(r, row, k, dst); break;
-        case 6: widen_row<6>(r, row, k, dst); break;
-        default: widen_row<8>(r, row, k, dst); break;
+        case 2: widen_row<2>(r, row, dst); break;
+        case 3: widen_row<3>(r, row, dst); break;
+        case 4: widen_row<4>(r, row, dst); break;
+        case 5: widen_row<5>(r, row, dst); break;
+        case 6: widen_row<6>(r, row, dst); break;
+        default: widen_row<8>(r, row, dst); break;
       }
     }
   };
