@@ -104,52 +104,57 @@ void tile(const Rows& r, const float* x, int64_t k, int64_t first, float* out, i
   const uint8_t* w[CB];
   for (int j = 0; j < CB; ++j) w[j] = r.w + (first + j) * r.row_bytes;
   constexpr int kPerChunk = Bits == 4 ? 32 : 16;  // values per 16 bytes of codes
-  for (int64_t g = 0; g < r.groups; ++g) {
-    float scale[CB], bias[CB];
-    for (int j = 0; j < CB; ++j) r.group_scale(first + j, g, scale[j], bias[j]);
-    for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += kPerChunk) {
-      if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) * Bits / 8);
-      for (int j = 0; j < CB; ++j) {
-        const __m256 s = _mm256_set1_ps(scale[j]), b = _mm256_set1_ps(bias[j]);
-        if constexpr (Bits != 4 && Bits != 8) {
-          __m256 q0, q1;
-          stream(w[j] + uint64_t(c) * Bits / 8, r.end, q0, q1);  // c >= 0: a shift, not a signed division
-          q0 = _mm256_fmadd_ps(q0, s, b);
-          q1 = _mm256_fmadd_ps(q1, s, b);
-          for (int i = 0; i < RB; ++i) {
-            const float* xi = x + i * k + c;
-            acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
-            acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
-          }
-        } else if constexpr (Bits == 4) {
-          // Even values, then odd ones: two dequantized vectors live at a time, so six rows' accumulators fit.
-          // Each accumulator still takes its products in the same order (even, then odd) whatever RB is.
-          const Codes16<RB == 1> codes(w[j] + c / 2);
-          const auto even = codes.low_nibbles();
-          const __m256 q0 = _mm256_fmadd_ps(even.low(), s, b);
-          const __m256 q1 = _mm256_fmadd_ps(even.high(), s, b);
-          for (int i = 0; i < RB; ++i) {
-            const float* xi = x + i * k + c;
-            acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
-            acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
-          }
-          const auto odd = codes.high_nibbles();
-          const __m256 q2 = _mm256_fmadd_ps(odd.low(), s, b);
-          const __m256 q3 = _mm256_fmadd_ps(odd.high(), s, b);
-          for (int i = 0; i < RB; ++i) {
-            const float* xi = x + i * k + c;
-            acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 16), q2, acc[i][j][0]);
-            acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 24), q3, acc[i][j][1]);
-          }
-        } else {
-          const Codes16<RB == 1> codes(w[j] + c);
-          const __m256 q0 = _mm256_fmadd_ps(codes.low(), s, b);
-          const __m256 q1 = _mm256_fmadd_ps(codes.high(), s, b);
-          for (int i = 0; i < RB; ++i) {
-            const float* xi = x + i * k + c;
-            acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
-            acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
-          }
+  // One loop over the chunks, each taking its group's scale and bias afresh: with a loop per group GCC kept the
+  // broadcast scales in registers across the group and spilled the accumulators instead (a store and a reload on
+  // every chain, 1.45x slower at M = 1 on Zen 3). The products and their order are the same either way.
+  for (int64_t c = 0, g = 0, group_end = r.group_size; c < k; c += kPerChunk) {
+    if (c == group_end) {  // no division per chunk: a counter
+      ++g;
+      group_end += r.group_size;
+    }
+    if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) * Bits / 8);
+    for (int j = 0; j < CB; ++j) {
+      float scale, bias;
+      r.group_scale(first + j, g, scale, bias);
+      const __m256 s = _mm256_set1_ps(scale), b = _mm256_set1_ps(bias);
+      if constexpr (Bits != 4 && Bits != 8) {
+        __m256 q0, q1;
+        stream(w[j] + uint64_t(c) * Bits / 8, r.end, q0, q1);  // c >= 0: a shift, not a signed division
+        q0 = _mm256_fmadd_ps(q0, s, b);
+        q1 = _mm256_fmadd_ps(q1, s, b);
+        for (int i = 0; i < RB; ++i) {
+          const float* xi = x + i * k + c;
+          acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
+          acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
+        }
+      } else if constexpr (Bits == 4) {
+        // Even values, then odd ones: two dequantized vectors live at a time, so six rows' accumulators fit.
+        // Each accumulator still takes its products in the same order (even, then odd) whatever RB is.
+        const Codes16<(RB <= 4)> codes(w[j] + c / 2);
+        const auto even = codes.low_nibbles();
+        const __m256 q0 = _mm256_fmadd_ps(even.low(), s, b);
+        const __m256 q1 = _mm256_fmadd_ps(even.high(), s, b);
+        for (int i = 0; i < RB; ++i) {
+          const float* xi = x + i * k + c;
+          acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
+          acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
+        }
+        const auto odd = codes.high_nibbles();
+        const __m256 q2 = _mm256_fmadd_ps(odd.low(), s, b);
+        const __m256 q3 = _mm256_fmadd_ps(odd.high(), s, b);
+        for (int i = 0; i < RB; ++i) {
+          const float* xi = x + i * k + c;
+          acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 16), q2, acc[i][j][0]);
+          acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 24), q3, acc[i][j][1]);
+        }
+      } else {
+        const Codes16<(RB <= 4)> codes(w[j] + c);
+        const __m256 q0 = _mm256_fmadd_ps(codes.low(), s, b);
+        const __m256 q1 = _mm256_fmadd_ps(codes.high(), s, b);
+        for (int i = 0; i < RB; ++i) {
+          const float* xi = x + i * k + c;
+          acc[i][j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), q0, acc[i][j][0]);
+          acc[i][j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), q1, acc[i][j][1]);
         }
       }
     }

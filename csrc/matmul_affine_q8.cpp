@@ -139,20 +139,23 @@ void tile(const Weights<Scale>& r, const QuantizedRows& x, int64_t first, float*
   __m256 acc[RB][CB];
   for (int i = 0; i < RB; ++i)
     for (int j = 0; j < CB; ++j) acc[i][j] = _mm256_setzero_ps();
+  // One loop over the blocks, each reading its group's scale afresh (as the float tile does): a loop per group
+  // kept the scales in registers across it and spilled accumulators instead.
   const int64_t per_group = r.group_size / kBlock;
-  for (int64_t g = 0; g < r.groups; ++g) {
-    __m256 scale[CB];
-    for (int j = 0; j < CB; ++j) scale[j] = _mm256_set1_ps(to_float(r.scales[(first + j) * r.groups + g]));
-    for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
-      __m256i codes[CB];
-      for (int j = 0; j < CB; ++j) codes[j] = unpack(r.w + (first + j) * r.row_bytes + b * kBlock * Bits / 8, r.end);
-      for (int i = 0; i < RB; ++i) {
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + i * x.k + b * kBlock));
-        const __m256 d = _mm256_broadcast_ss(x.d + i * x.blocks + b);
-        for (int j = 0; j < CB; ++j) {
-          const __m256 dot = _mm256_cvtepi32_ps(block_dot<Bits>(codes[j], xq));
-          acc[i][j] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, scale[j]), acc[i][j]);
-        }
+  for (int64_t b = 0, g = 0, group_end = per_group; b < x.blocks; ++b) {
+    if (b == group_end) {
+      ++g;
+      group_end += per_group;
+    }
+    __m256i codes[CB];
+    for (int j = 0; j < CB; ++j) codes[j] = unpack(r.w + (first + j) * r.row_bytes + b * kBlock * Bits / 8, r.end);
+    for (int i = 0; i < RB; ++i) {
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + i * x.k + b * kBlock));
+      const __m256 d = _mm256_broadcast_ss(x.d + i * x.blocks + b);
+      for (int j = 0; j < CB; ++j) {
+        const __m256 scale = _mm256_set1_ps(to_float(r.scales[(first + j) * r.groups + g]));
+        const __m256 dot = _mm256_cvtepi32_ps(block_dot<Bits>(codes[j], xq));
+        acc[i][j] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, scale), acc[i][j]);
       }
     }
   }

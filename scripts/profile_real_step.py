@@ -3,7 +3,12 @@ alone, the output projection alone, and the floor that reading every weight once
 projection (one matrix-vector product over the largest matrix) reads its own weights.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 python scripts/profile_real_step.py \
-        .real/gemma-3-270m [--quantize 4]
+        .real/gemma-3-270m [--quantize 4] [--kernel]
+
+--kernel runs the model as mlxspec decodes it on the CPU: its layers and attention through the verify kernel
+(`routed_view`), and adds `layer_matmuls_ms`, the decoder layers' projections alone (every routed layer of the
+decoder once at one row, in one graph), so that the rest of a layer (norms, rotary, attention, MLX's dispatch)
+is `decoder_layers_ms - layer_matmuls_ms`.
 
 Prints one JSON object. Medians of 40 timed repeats after 5 warm-ups, each forced with mx.eval.
 """
@@ -19,6 +24,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from mlxspec.decoding.target_features import output_head, text_model
+from mlxspec.kernels.verify import VerifyKQuantLinear, VerifyLinear, VerifyQuantizedLinear, cpu_backend, routed_view
 from mlxspec.loading import load_model
 
 
@@ -37,9 +43,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("--quantize", type=int, default=None)
+    parser.add_argument("--kernel", action="store_true", help="through the verify kernel, as mlxspec decodes")
     args = parser.parse_args()
     target = load_model(args.model, quantize_bits=args.quantize)
     model = target.model
+    if args.kernel:
+        backend, status = cpu_backend()
+        if backend is None:
+            raise SystemExit(f"profile_real_step: no verify kernel ({status})")
+        model = routed_view(model, backend)
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
@@ -77,7 +89,29 @@ def main() -> None:
         "projection_reads_GiB_per_s": rate,
         "floor_ms": 1000 * weight_bytes / 2**30 / rate,
     }
+    if args.kernel:
+        result["layer_matmuls_ms"] = 1000 * median_seconds(lambda: layer_matmuls(text_model(model).model))
     print(json.dumps(result, indent=1))
+
+
+def input_width(layer) -> int:
+    """K of a routed layer: packed codes hold 32 / bits values a uint32, K-quant layers one sub-scale per 32."""
+    if isinstance(layer, VerifyKQuantLinear):
+        return layer.sub_scales.shape[1] * 32
+    if isinstance(layer, VerifyQuantizedLinear):
+        return layer.weight.shape[1] * 32 // layer.bits
+    return layer.weight.shape[1]
+
+
+def layer_matmuls(trunk) -> list[mx.array]:
+    """Every kernel-routed projection of the decoder layers once, at one row of its own input width."""
+    routed = (VerifyLinear, VerifyQuantizedLinear, VerifyKQuantLinear)
+    return [
+        layer(mx.ones((1, 1, input_width(layer))))
+        for block in trunk.layers
+        for _, layer in block.named_modules()
+        if isinstance(layer, routed)
+    ]
 
 
 if __name__ == "__main__":
