@@ -86,6 +86,35 @@ def test_a_cache_slice_reads_the_same_as_a_copy():
     assert mx.array_equal(sliced, copied).item()
 
 
+def test_keys_and_values_with_strided_dims_read_as_a_copy():
+    """Keys and values whose head dims are not contiguous (a transposed view): the same bits as a contiguous copy,
+    so a row's bits never depend on how its cache happens to lie in memory."""
+    q, _, _ = qkv(3, 45, dim=80)
+    k_t, v_t = mx.random.normal((1, 2, 80, 45)), mx.random.normal((1, 2, 80, 45))
+    k, v = k_t.transpose(0, 1, 3, 2), v_t.transpose(0, 1, 3, 2)
+    strided = attend(q, k, v, causal=True)
+    copied = attend(q, mx.array(k) + 0, mx.array(v) + 0, causal=True)
+    assert mx.array_equal(strided, copied).item()
+
+
+@pytest.mark.parametrize("keys,dim", [(3, 256), (9, 80), (129, 128), (200, 50), (64, 256)])
+def test_against_a_float64_reference(keys, dim):
+    """Softmax attention computed in float64 by numpy: within float32 rounding (a wrong key, dim or tail is off by
+    far more)."""
+    import numpy as np
+
+    q, k, v = qkv(3, keys, heads=4, kv_heads=2, dim=dim, seed=keys)
+    got = np.array(attend(q, k, v, causal=True))
+    q64, k64, v64 = (np.array(a).astype(np.float64) for a in (q, k, v))
+    k64, v64 = np.repeat(k64, 2, axis=1), np.repeat(v64, 2, axis=1)
+    scores = q64 @ k64.transpose(0, 1, 3, 2) * SCALE
+    rows = np.arange(3)[:, None]
+    scores = np.where(np.arange(keys)[None, :] <= keys - 3 + rows, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = (weights / weights.sum(-1, keepdims=True)) @ v64
+    assert np.abs(got - expected).max() < 1e-5 * max(1.0, np.abs(expected).max())
+
+
 def test_what_the_kernel_does_not_take_goes_to_mlx_lm():
     routed = KernelAttention(BACKEND, verify_kernel.MAX_ROWS)
     q, k, v = qkv(4, 30)
