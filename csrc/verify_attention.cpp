@@ -63,20 +63,37 @@ struct Scratch {
 
 thread_local Scratch tls;
 
+// 1 / the sum of a row's probabilities over its attended keys (excluded ones are marked -1), in key order.
+inline float inverse_total(const float* probabilities, int64_t keys) {
+  float total = 0.0f;
+  for (int64_t j = 0; j < keys; ++j) {
+    if (probabilities[j] >= 0.0f) total += probabilities[j];
+  }
+  return total > 0.0f ? 1.0f / total : 0.0f;
+}
+
+// Where task row r (query row i of head kv_head * group + g, r = g * rows + i) writes its output.
+inline float* output_row(const AttentionProblem& p, int64_t b, int64_t kv_head, int64_t r) {
+  const int64_t group = p.q_heads / p.kv_heads, g = r / p.rows, i = r % p.rows, h = kv_head * group + g;
+  return p.out + ((b * p.q_heads + h) * p.rows + i) * p.value_dim;
+}
 
 // One (batch, KV head) task: every query row of the heads sharing that KV head.
 void attend_group(const AttentionProblem& p, int64_t b, int64_t kv_head) {
   const int64_t group = p.q_heads / p.kv_heads;
-  const int64_t R = group * p.rows, S = p.keys, D = p.dim, Dv = p.value_dim;
+  const int64_t R = group * p.rows, S = p.keys, D = p.dim;
   const int64_t Sp = (S + kLanes - 1) / kLanes * kLanes;
-  const int64_t Dvp = (Dv + kLanes - 1) / kLanes * kLanes;
-  const int64_t vecs = Dvp / kLanes;
   Scratch& t = tls;
   t.q.resize(R * D);
-  t.keys_t.resize(D * kLanes);
   t.scores.resize(R * Sp);
+#if !defined(__AVX2__)
+  const int64_t Dv = p.value_dim;
+  const int64_t Dvp = (Dv + kLanes - 1) / kLanes * kLanes;
+  const int64_t vecs = Dvp / kLanes;
+  t.keys_t.resize(D * kLanes);
   t.value.resize(Dvp);
   t.acc.resize(R * Dvp);
+#endif
   const float minus_inf = -std::numeric_limits<float>::infinity();
 
   // Row r is query row i of head kv_head * group + g, with r = g * rows + i.
@@ -147,15 +164,8 @@ void attend_group(const AttentionProblem& p, int64_t b, int64_t kv_head) {
 #if defined(__AVX2__)
   for (int64_t r = 0; r < R; ++r) {
     const float* s = t.scores.data() + r * Sp;
-    float total = 0.0f;
-    for (int64_t j = 0; j < S; ++j) {
-      if (s[j] >= 0.0f) total += s[j];
-    }
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    const int64_t g = r / p.rows, i = r % p.rows, h = kv_head * group + g;
-    row_values(p, b, kv_head, s, inv, p.out + ((b * p.q_heads + h) * p.rows + i) * Dv, t.rows);
+    row_values(p, b, kv_head, s, inverse_total(s, S), output_row(p, b, kv_head, r), t.rows);
   }
-}
 #else
   // Values: key by key, in order, into every row that attends that key.
   std::fill(t.acc.begin(), t.acc.end(), 0.0f);
@@ -178,20 +188,13 @@ void attend_group(const AttentionProblem& p, int64_t b, int64_t kv_head) {
   }
 
   for (int64_t r = 0; r < R; ++r) {
-    const float* s = t.scores.data() + r * Sp;
-    float total = 0.0f;
-    for (int64_t j = 0; j < S; ++j) {
-      if (s[j] >= 0.0f) total += s[j];
-    }
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    const int64_t g = r / p.rows, i = r % p.rows, h = kv_head * group + g;
-    float* dst = p.out + ((b * p.q_heads + h) * p.rows + i) * Dv;
+    const float inv = inverse_total(t.scores.data() + r * Sp, S);
+    float* dst = output_row(p, b, kv_head, r);
     const float* acc = t.acc.data() + r * Dvp;
     for (int64_t d = 0; d < Dv; ++d) dst[d] = acc[d] * inv;
   }
-
-}
 #endif
+}
 
 void run_problem(const AttentionProblem& p) {
   const int64_t tasks = p.batch * p.kv_heads;

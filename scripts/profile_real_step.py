@@ -23,6 +23,7 @@ import time
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from mlxspec.bench.format_cost import input_columns
 from mlxspec.decoding.target_features import output_head, text_model
 from mlxspec.kernels.verify import VerifyKQuantLinear, VerifyLinear, VerifyQuantizedLinear, cpu_backend, routed_view
 from mlxspec.loading import load_model
@@ -94,20 +95,11 @@ def main() -> None:
     print(json.dumps(result, indent=1))
 
 
-def input_width(layer) -> int:
-    """K of a routed layer: packed codes hold 32 / bits values a uint32, K-quant layers one sub-scale per 32."""
-    if isinstance(layer, VerifyKQuantLinear):
-        return layer.sub_scales.shape[1] * 32
-    if isinstance(layer, VerifyQuantizedLinear):
-        return layer.weight.shape[1] * 32 // layer.bits
-    return layer.weight.shape[1]
-
-
 def layer_matmuls(trunk) -> list[mx.array]:
     """Every kernel-routed projection of the decoder layers once, at one row of its own input width."""
     routed = (VerifyLinear, VerifyQuantizedLinear, VerifyKQuantLinear)
     return [
-        layer(mx.ones((1, 1, input_width(layer))))
+        layer(mx.ones((1, 1, input_columns(layer))))
         for block in trunk.layers
         for _, layer in block.named_modules()
         if isinstance(layer, routed)

@@ -60,6 +60,11 @@ def format_of(layer: nn.Module) -> str | None:
     return None if weight is None or weight.ndim != 2 else str(weight.dtype).removeprefix("mlx.core.")
 
 
+def input_columns(layer: nn.Module) -> int:
+    """K of a routed layer: its packed codes (affine or K-quant) hold 32 / bits values a uint32."""
+    return layer.weight.shape[1] * 32 // layer.bits if hasattr(layer, "bits") else layer.weight.shape[1]
+
+
 def largest_layers(view: nn.Module) -> list[FormatLayer]:
     """The largest layer of each format in a routed view (kernels/verify.py), as a matmul over rows of x."""
     best: dict[str, FormatLayer] = {}
@@ -69,7 +74,7 @@ def largest_layers(view: nn.Module) -> list[FormatLayer]:
             continue
         nbytes = sum(layer[part].nbytes for part in WEIGHT_PARTS if part in layer)
         rows = layer.weight.shape[0]
-        columns = layer.weight.shape[1] * 32 // layer.bits if hasattr(layer, "bits") else layer.weight.shape[1]
+        columns = input_columns(layer)
         call = layer.as_linear if hasattr(layer, "as_linear") else layer
         if kind not in best or nbytes > best[kind].nbytes:
             best[kind] = FormatLayer(kind, name, rows, columns, nbytes, call)
