@@ -17,26 +17,6 @@
 namespace mlxspec::avx512 {
 
 
-// The scale and bias of group g for each of a tile's CB weight rows; K-quant rows form a super-block's 8 groups at
-// once (the same products as group_scale's).
-template <int CB, typename Rows>
-struct TileScales {
-  float scale[CB][kKQuantGroups], bias[CB][kKQuantGroups];
-  int at = 0;  // the group's slot: its index in the super-block, or 0
-  void load(const Rows& r, int64_t first, int64_t g) {
-    if constexpr (Rows::kScalesBySuperBlock) {
-      at = int(g % kKQuantGroups);
-      if (at == 0) {
-        for (int j = 0; j < CB; ++j) r.super_block_scales(first + j, g, scale[j], bias[j]);
-      }
-    } else {
-      for (int j = 0; j < CB; ++j) r.group_scale(first + j, g, scale[j][0], bias[j][0]);
-    }
-  }
-  __m512 scale_of(int j) const { return _mm512_set1_ps(scale[j][at]); }
-  __m512 bias_of(int j) const { return _mm512_set1_ps(bias[j][at]); }
-};
-
 // A tile's accumulators zeroed and its CB weight rows' first bytes.
 template <int RB, int CB, int CBW, typename Rows>
 inline void start_tile(const Rows& r, int64_t first, __m512 (&acc)[RB][CB], const uint8_t* (&w)[CBW]) {
@@ -73,7 +53,9 @@ void tile4_lookup(const Rows& r, const float* x, int64_t k, int64_t first, float
   for (int64_t g = 0; g < r.groups; ++g) {
     scales.load(r, first, g);
     __m512 values[CB];
-    for (int j = 0; j < CB; ++j) values[j] = _mm512_fmadd_ps(codes, scales.scale_of(j), scales.bias_of(j));
+    for (int j = 0; j < CB; ++j) {
+      values[j] = _mm512_fmadd_ps(codes, _mm512_set1_ps(scales.scale_of(j)), _mm512_set1_ps(scales.bias_of(j)));
+    }
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 32) {
       if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) / 2);
       __m512 even[CB], odd[CB];
@@ -154,7 +136,9 @@ void tile16(const Rows& r, const float* x, int64_t k, int64_t first, float* out,
   for (int64_t g = 0; g < r.groups; ++g) {
     scales.load(r, first, g);
     __m512 low[CB], high[CB];
-    for (int j = 0; j < CB; ++j) lookup.values(scales.scale_of(j), scales.bias_of(j), low[j], high[j]);
+    for (int j = 0; j < CB; ++j) {
+      lookup.values(_mm512_set1_ps(scales.scale_of(j)), _mm512_set1_ps(scales.bias_of(j)), low[j], high[j]);
+    }
     for (int64_t c = g * r.group_size; c < (g + 1) * r.group_size; c += 16) {
       if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) * Bits / 8);
       // (Here each row of x is loaded once per weight row: loading it once for all of them measured slower.)

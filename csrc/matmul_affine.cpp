@@ -107,16 +107,30 @@ void tile(const Rows& r, const float* x, int64_t k, int64_t first, float* out, i
   // One loop over the chunks, each taking its group's scale and bias afresh: with a loop per group GCC kept the
   // broadcast scales in registers across the group and spilled the accumulators instead (a store and a reload on
   // every chain, 1.45x slower at M = 1 on Zen 3). The products and their order are the same either way.
+  // A K-quant's scales are formed once a super-block, 8 lanes at a time, and broadcast from memory (TileScales):
+  // formed per chunk in scalar code they cost its one-row tile a third of its speed. An affine group's are two
+  // loads, taken per chunk (through memory they measured slower).
+  constexpr bool kBySuperBlock = Rows::kScalesBySuperBlock;
+  TileScales<CB, Rows> scales;
+  if constexpr (kBySuperBlock) scales.load(r, first, 0);
   for (int64_t c = 0, g = 0, group_end = r.group_size; c < k; c += kPerChunk) {
     if (c == group_end) {  // no division per chunk: a counter
       ++g;
       group_end += r.group_size;
+      if constexpr (kBySuperBlock) scales.load(r, first, g);
     }
     if constexpr (RB == 1) prefetch_ahead<CB>(w, uint64_t(c) * Bits / 8);
     for (int j = 0; j < CB; ++j) {
-      float scale, bias;
-      r.group_scale(first + j, g, scale, bias);
-      const __m256 s = _mm256_set1_ps(scale), b = _mm256_set1_ps(bias);
+      __m256 s, b;
+      if constexpr (kBySuperBlock) {
+        s = _mm256_broadcast_ss(&scales.scale_of(j));
+        b = _mm256_broadcast_ss(&scales.bias_of(j));
+      } else {
+        float scale, bias;
+        r.group_scale(first + j, g, scale, bias);
+        s = _mm256_set1_ps(scale);
+        b = _mm256_set1_ps(bias);
+      }
       if constexpr (Bits != 4 && Bits != 8) {
         __m256 q0, q1;
         stream(w[j] + uint64_t(c) * Bits / 8, r.end, q0, q1);  // c >= 0: a shift, not a signed division

@@ -68,6 +68,27 @@ struct KQuantWeights {
   }
 };
 
+// The scale and bias of group g for each of a tile's CB weight rows, formed once per group (not per chunk) and
+// kept in memory, so a tile broadcasts them from there; K-quant rows form a super-block's 8 groups at once (the same
+// products as group_scale's, 8 lanes at a time).
+template <int CB, typename Rows>
+struct TileScales {
+  float scale[CB][kKQuantGroups], bias[CB][kKQuantGroups];
+  int at = 0;  // the group's slot: its index in the super-block, or 0
+  void load(const Rows& r, int64_t first, int64_t g) {
+    if constexpr (Rows::kScalesBySuperBlock) {
+      at = int(g % kKQuantGroups);
+      if (at == 0) {
+        for (int j = 0; j < CB; ++j) r.super_block_scales(first + j, g, scale[j], bias[j]);
+      }
+    } else {
+      for (int j = 0; j < CB; ++j) r.group_scale(first + j, g, scale[j][0], bias[j][0]);
+    }
+  }
+  const float& scale_of(int j) const { return scale[j][at]; }
+  const float& bias_of(int j) const { return bias[j][at]; }
+};
+
 // y[m][n] = x[m][k] @ dequantize(w)[n][k].T for a K-quant matrix; k a multiple of 256, bits 4 or 5.
 void kquant_matmul(const float* x, int64_t m, int64_t k, int64_t n, const KQuantWeights& w, int bits, float* y);
 
