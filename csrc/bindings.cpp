@@ -5,6 +5,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "activation_ops.h"
 #include "dequantize_rows.h"
 #include "sampling_ops.h"
 #include "verify_attention.h"
@@ -45,6 +46,8 @@ NB_MODULE(_verify_kernel, m) {
         "log(sum(exp(x))) of each float32 row [N, V] -> [N].");
   m.def("mlx_logsumexp", &mlxspec::mlx_logsumexp, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mx.logsumexp of each float32 row [N, V] -> [N], bit for bit as MLX's x86 CPU build computes it.");
+  m.def("mlx_swiglu", &mlxspec::mlx_swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mlx-lm's swiglu(gate, up) for float32 arrays of one shape, bit for bit, its exps vectorized.");
   m.def("top_candidates", &mlxspec::top_candidates, "x"_a, "count"_a, nb::kw_only(), "stream"_a = nb::none(),
         "(values [N, C], indices [N, C] uint32): each row's C largest, best first, ties by lower index.");
   m.def("affine_reference", &mlxspec::affine_reference, "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a,

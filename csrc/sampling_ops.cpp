@@ -17,6 +17,7 @@
 #include "mlx/utils.h"
 #include "cpu_common.h"
 #include "thread_pool.h"
+#include "mlx_math.h"
 #include "vector_math.h"
 
 namespace mlxspec {
@@ -47,38 +48,6 @@ float logsumexp(const float* x, int64_t v) {
   for (float lane : lanes) total += lane;
   for (; i < v; ++i) total += std::exp(double(x[i]) - m);
   return m + float(std::log(total));
-}
-
-// No contraction in MLX's exp and sum: a product fused into the next add rounds once where MLX rounds twice (GCC:
-// this attribute; clang: the pragma in each body).
-#if defined(__clang__)
-#define MLXSPEC_NO_CONTRACT
-#else
-#define MLXSPEC_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
-#endif
-// MLX's Cephes exp (mlx/backend/cpu/simd/math.h) as its x86 build runs it, one lane: x * log2(e) in float, the
-// integer part by a floor in double, the fraction's polynomial by correctly rounded fmas, and the power of two by
-// bits. ipart is clamped before the int conversion only where the result is overridden anyway.
-MLXSPEC_NO_CONTRACT inline float mlx_exp(float x_init) {
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-  const float x = x_init * 1.442695f;
-  const float ipart = float(std::floor(double(x) + 0.5));
-  const float fpart = x - ipart;
-  float p = 1.535336188319500e-4f;
-  p = std::fma(p, fpart, 1.339887440266574e-3f);
-  p = std::fma(p, fpart, 9.618437357674640e-3f);
-  p = std::fma(p, fpart, 5.550332471162809e-2f);
-  p = std::fma(p, fpart, 2.402264791363012e-1f);
-  p = std::fma(p, fpart, 6.931472028550421e-1f);
-  p = std::fma(p, fpart, 1.000000000000000f);
-  const int32_t bits = (int32_t(std::clamp(ipart, -200.0f, 200.0f)) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  float result = std::isnan(x_init) ? x_init : scale * p;
-  result = x_init > 88.0f ? std::numeric_limits<float>::infinity() : result;
-  return x_init < -88.0f ? 0.0f : result;
 }
 
 // mx.logsumexp of one row as MLX's x86 CPU build computes it (mlx/backend/cpu/logsumexp.cpp, one SIMD lane), bit

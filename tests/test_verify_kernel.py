@@ -8,6 +8,7 @@ import shutil
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 from helpers import assert_greedy_equal, mlx_lm_greedy, speculative_tokens
 from mlx.utils import tree_flatten
@@ -124,6 +125,45 @@ def test_bad_operands_are_refused_by_the_kernel():
         BACKEND.qmatmul(mx.ones((1, 64)), q, s, b, 64, 3)
 
 
+# ---- mlx-lm's swiglu through the kernel ----
+
+
+def same_bits(a: mx.array, b: mx.array) -> bool:
+    """Equal bit for bit, NaNs of either sign counting as equal."""
+    x, y = np.array(a), np.array(b)
+    return bool(np.all((x.view(np.uint32) == y.view(np.uint32)) | (np.isnan(x) & np.isnan(y))))
+
+
+EDGES = [0.0, -0.0, 1e-30, -1e-30, 1e-45, 88.0, 88.1, -88.0, -88.1, 87.9, -87.9, 100.0, -100.0, 3.4e38, -3.4e38,
+         np.inf, -np.inf, np.nan]
+
+
+def test_the_kernel_swiglu_is_mlx_lms_bit_for_bit():
+    from mlx_lm.models.activations import swiglu
+
+    rng = np.random.default_rng(0)
+    # gates over every range exp sees (its clamps at +-88 and the overflow past them), odd lengths for the tails
+    gate = np.concatenate([rng.standard_normal(20_001) * s for s in (0.05, 1, 4, 20, 60)] + [np.array(EDGES)])
+    up = rng.standard_normal(gate.size) * 3
+    g, u = mx.array(gate.astype(np.float32)), mx.array(up.astype(np.float32))
+    assert same_bits(BACKEND.swiglu(g, u), swiglu(g, u))
+    assert same_bits(BACKEND.swiglu(g, u), nn.silu(g) * u)  # the uncompiled ops too
+    three_d = (g[: 3 * 8960].reshape(1, 3, 8960), u[: 3 * 8960].reshape(1, 3, 8960))  # an MLP's [B, L, D]
+    assert same_bits(BACKEND.swiglu(*three_d), swiglu(*three_d))
+    strided = (g[: 2 * 999].reshape(999, 2).T, u[: 2 * 999].reshape(999, 2).T)  # made contiguous first
+    assert same_bits(BACKEND.swiglu(*strided), swiglu(*strided))
+
+
+def test_the_kernel_swiglu_leaves_what_it_does_not_take_to_mlx_lm():
+    from mlxspec.kernels.activations import KernelSwiglu
+
+    stand_in = KernelSwiglu(BACKEND)
+    g16, u16 = mx.ones((4, 8), dtype=mx.float16), mx.ones((4, 8), dtype=mx.float16)
+    assert stand_in(g16, u16).dtype == mx.float16  # the kernel takes float32 only
+    g, u = mx.array(np.linspace(-3, 3, 8, dtype=np.float32)), mx.ones((4, 8))
+    assert stand_in(g, u).shape == (4, 8)  # broadcast shapes: mlx-lm's
+
+
 # ---- routing a model's layers ----
 
 
@@ -140,10 +180,13 @@ def test_the_routed_view_keeps_the_logits_shares_the_weights_and_leaves_the_mode
     view = verify_kernel.routed_view(model, BACKEND)
     routed = layer_types(view)
     count = verify_kernel.count_routed(view)
-    attention = sum(getattr(t, "routed_attention", False) for t in routed)
+    attention = sum("scaled_dot_product_attention" in getattr(t, "routed", ()) for t in routed)
+    swiglu = sum("swiglu" in getattr(t, "routed", ()) for t in routed)
     # llama's attention calls mlx-lm's scaled_dot_product_attention, so every layer's is routed; gemma2 computes
-    # its soft-capped attention by hand, which the kernel does not take
+    # its soft-capped attention by hand, which the kernel does not take. llama's MLP calls mlx-lm's swiglu, gemma2's
+    # a GELU
     assert attention == (model.args.num_hidden_layers if family == "llama" else 0)
+    assert swiglu == (model.args.num_hidden_layers if family == "llama" else 0)
     assert count == sum(t in (verify_kernel.VerifyLinear, verify_kernel.VerifyEmbedding) for t in routed) + attention
     assert_close(view(tokens), before_logits, mx.float32)
     assert layer_types(model) == before_types  # the model itself is never changed

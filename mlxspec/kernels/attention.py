@@ -5,20 +5,19 @@ count. A token verified with K drafted tokens then gets attention outputs a few 
 alone, and greedy output equals plain decoding only up to near-ties. The kernel computes each query row on its own,
 skipping masked keys, so a row's bits do not depend on the rows beside it or on masked keys among its keys.
 
-How: mlx-lm's model files call `scaled_dot_product_attention` from `mlx_lm.models.base` by its global name. The
-routed view of a target (verify.routed_view) gives each attention module a subclass whose methods are the same code
-over a copy of their module's globals, in which that name is a `KernelAttention`. Nothing shared is patched: the
-model itself, and mlx-lm's own generate on it, still call mlx-lm's function.
+How: mlx-lm's model files call `scaled_dot_product_attention` from `mlx_lm.models.base` by its global name; the
+routed view rebinds that name to a `KernelAttention` in the attention modules' methods (rebinding.py).
 """
 
 from __future__ import annotations
 
 import functools
-import types
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import base as mlx_lm_base
+
+from mlxspec.kernels.rebinding import StandIn
 
 SDPA_NAME = "scaled_dot_product_attention"
 
@@ -85,40 +84,5 @@ def kernel_attention(backend: Any, max_rows: int) -> KernelAttention:
     return KernelAttention(backend, max_rows)
 
 
-def _calls_sdpa(function: Any) -> bool:
-    """Whether `function` calls mlx-lm's scaled_dot_product_attention by its global name."""
-    return (
-        isinstance(function, types.FunctionType)
-        and SDPA_NAME in function.__code__.co_names
-        and function.__globals__.get(SDPA_NAME) is mlx_lm_base.scaled_dot_product_attention
-    )
-
-
-def _rebound(function: types.FunctionType, attention: KernelAttention) -> types.FunctionType:
-    """`function`'s code over a copy of its globals in which the attention name means `attention`."""
-    namespace = dict(function.__globals__)
-    namespace[SDPA_NAME] = attention
-    rebound = types.FunctionType(
-        function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__
-    )
-    rebound.__kwdefaults__ = function.__kwdefaults__
-    rebound.__qualname__ = function.__qualname__
-    return rebound
-
-
-@functools.lru_cache(maxsize=None)
-def routed_class(cls: type, attention: KernelAttention) -> type:
-    """A subclass of `cls` whose methods that call mlx-lm's attention call `attention` instead; `cls` itself when
-    none does."""
-    methods: dict[str, Any] = {}
-    seen: set[str] = set()
-    for klass in cls.__mro__:
-        for name, member in vars(klass).items():
-            if name in seen:
-                continue
-            seen.add(name)
-            if _calls_sdpa(member):
-                methods[name] = _rebound(member, attention)
-    if not methods:
-        return cls
-    return type(cls.__name__, (cls,), {**methods, "__module__": cls.__module__, "routed_attention": True})
+def attention_stand_in(attention: KernelAttention) -> StandIn:
+    return StandIn(SDPA_NAME, mlx_lm_base.scaled_dot_product_attention, attention)

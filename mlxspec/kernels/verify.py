@@ -21,9 +21,11 @@ import mlx.nn as nn
 
 from mlxspec.errors import UserError
 from mlxspec.k_quants import PARTS, KQuantEmbedding, KQuantLinear
-from mlxspec.kernels.attention import KernelAttention, kernel_attention, routed_class
+from mlxspec.kernels.activations import swiglu_stand_in
+from mlxspec.kernels.attention import SDPA_NAME, attention_stand_in, kernel_attention
 from mlxspec.kernels.many_rows import MAX_ROWS, in_row_chunks, prompt_rows_active, widened_product
 from mlxspec.kernels.many_rows import rows_of as _rows
+from mlxspec.kernels.rebinding import StandIn, routed_class
 from mlxspec.options import KERNEL_CHOICES
 
 FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
@@ -61,6 +63,7 @@ class CPUExtension:
     def __init__(self, module):
         self.module = module
         self.threads = module.threads()
+        self.has_swiglu = hasattr(module, "mlx_swiglu")  # a kernel built before it had none
 
     def matmul(self, x: mx.array, w: mx.array) -> mx.array:
         return self.module.verify_matmul(x, w, stream=mx.cpu)
@@ -86,6 +89,10 @@ class CPUExtension:
 
     def attention(self, q, k, v, scale: float, mask, causal: bool) -> mx.array:
         return self.module.verify_attention(q, k, v, scale, mask, causal, stream=mx.cpu)
+
+    def swiglu(self, gate: mx.array, x: mx.array) -> mx.array:
+        """mlx-lm's swiglu(gate, x) for float32 arrays of one shape, bit for bit (activations.py)."""
+        return self.module.mlx_swiglu(gate, x, stream=mx.cpu)
 
     def logsumexp(self, x: mx.array) -> mx.array:
         """[N, V] float32 -> [N, 1]."""
@@ -338,7 +345,7 @@ def count_routed(model: nn.Module) -> int:
     """Layers of `model` that call the kernel: routed leaves and attention modules."""
     routed_types = tuple(cls for cls, _ in ROUTES.values())
     return sum(
-        isinstance(layer, routed_types) or getattr(layer, "routed_attention", False)
+        isinstance(layer, routed_types) or SDPA_NAME in getattr(layer, "routed", ())
         for _, layer in model.named_modules()
     )
 
@@ -356,13 +363,22 @@ def routed_view(model: nn.Module, backend: VerifyBackend | None, attention: bool
     views = model.__dict__.setdefault(VIEWS_KEY, {})
     key = (backend.name, attention)
     if key not in views:
-        views[key] = _view(model, _Routing(backend, kernel_attention(backend, MAX_ROWS) if attention else None), {})
+        views[key] = _view(model, _Routing(backend, stand_ins(backend, attention)), {})
     return views[key]
+
+
+def stand_ins(backend: VerifyBackend, attention: bool) -> tuple[StandIn, ...]:
+    """The mlx-lm functions the view's modules call the kernel for instead: attention (unless attention=False) and
+    swiglu (bitwise mlx-lm's, so always)."""
+    found = [swiglu_stand_in(backend)]
+    if attention:
+        found.append(attention_stand_in(kernel_attention(backend, MAX_ROWS)))
+    return tuple(s for s in found if s is not None)
 
 
 class _Routing(NamedTuple):
     backend: VerifyBackend
-    attention: KernelAttention | None
+    stand_ins: tuple[StandIn, ...]
 
 
 def _view(value: Any, routing: _Routing, memo: dict[int, Any]) -> Any:
@@ -373,7 +389,7 @@ def _view(value: Any, routing: _Routing, memo: dict[int, Any]) -> Any:
     if isinstance(value, nn.Module):
         routed = route_layer(value, routing.backend)
         if routed is value:
-            cls = value.__class__ if routing.attention is None else routed_class(value.__class__, routing.attention)
+            cls = routed_class(value.__class__, routing.stand_ins) if routing.stand_ins else value.__class__
             routed = cls.__new__(cls)
             routed.__dict__.update({k: v for k, v in value.__dict__.items() if k != VIEWS_KEY})
             memo[id(value)] = routed

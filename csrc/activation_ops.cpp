@@ -1,0 +1,54 @@
+// CPU implementations of the MLP activations (see activation_ops.h).
+#include "activation_ops.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "cpu_common.h"
+#include "mlx_math.h"
+
+namespace mlxspec {
+
+using namespace mlx::core;
+
+namespace {
+
+// One value at a time in MLX's order; GCC vectorizes the loop (the lanes never mix).
+MLXSPEC_NO_CONTRACT void swiglu_values(const float* gate, const float* up, float* out, int64_t n) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  for (int64_t i = 0; i < n; ++i) out[i] = mlx_swiglu(gate[i], up[i]);
+}
+
+}  // namespace
+
+array mlx_swiglu(const array& gate, const array& up, StreamOrDevice s) {
+  if (gate.dtype() != float32 || up.dtype() != float32 || gate.shape() != up.shape()) {
+    throw std::invalid_argument("[mlx_swiglu] expects float32 gate and up of one shape.");
+  }
+  auto stream = cpu_stream(s, "mlx_swiglu");
+  return array(gate.shape(), float32, std::make_shared<Swiglu>(stream),
+               {contiguous(gate, false, stream), contiguous(up, false, stream)});
+}
+
+void Swiglu::eval_cpu(const std::vector<array>& inputs, array& out) {
+  out.set_data(allocator::malloc(out.nbytes()));
+  auto& encoder = cpu::get_command_encoder(stream());
+  encoder.set_input_array(inputs[0]);
+  encoder.set_input_array(inputs[1]);
+  encoder.set_output_array(out);
+  const float* gate = inputs[0].data<float>();
+  const float* up = inputs[1].data<float>();
+  float* dst = out.data<float>();
+  const int64_t n = out.size();
+  encoder.dispatch([=]() { swiglu_values(gate, up, dst, n); });
+}
+
+void Swiglu::eval_gpu(const std::vector<array>&, array&) {
+  throw std::runtime_error("[mlx_swiglu] runs on mx.cpu only.");
+}
+
+}  // namespace mlxspec
