@@ -47,6 +47,36 @@ void Swiglu::eval_cpu(const std::vector<array>& inputs, array& out) {
   encoder.dispatch([=]() { swiglu_values(gate, up, dst, n); });
 }
 
+array mlx_rms_norm(const array& x, const array& weight, float eps, StreamOrDevice s) {
+  if (x.dtype() != float32 || weight.dtype() != float32 || x.ndim() < 1 || weight.ndim() != 1 ||
+      weight.shape(0) != x.shape(-1)) {
+    throw std::invalid_argument("[mlx_rms_norm] expects float32 x [..., D] and weight [D].");
+  }
+  auto stream = cpu_stream(s, "mlx_rms_norm");
+  return array(x.shape(), float32, std::make_shared<RmsNorm>(stream, eps),
+               {contiguous(x, false, stream), contiguous(weight, false, stream)});
+}
+
+void RmsNorm::eval_cpu(const std::vector<array>& inputs, array& out) {
+  out.set_data(allocator::malloc(out.nbytes()));
+  auto& encoder = cpu::get_command_encoder(stream());
+  encoder.set_input_array(inputs[0]);
+  encoder.set_input_array(inputs[1]);
+  encoder.set_output_array(out);
+  const float* x = inputs[0].data<float>();
+  const float* weight = inputs[1].data<float>();
+  float* dst = out.data<float>();
+  const int64_t d = inputs[1].size(), rows = d == 0 ? 0 : out.size() / d;
+  const float eps = eps_;
+  encoder.dispatch([=]() {
+    for (int64_t r = 0; r < rows; ++r) mlx_rms_norm_row(x + r * d, weight, eps, d, dst + r * d);
+  });
+}
+
+void RmsNorm::eval_gpu(const std::vector<array>&, array&) {
+  throw std::runtime_error("[mlx_rms_norm] runs on mx.cpu only.");
+}
+
 void Swiglu::eval_gpu(const std::vector<array>&, array&) {
   throw std::runtime_error("[mlx_swiglu] runs on mx.cpu only.");
 }

@@ -48,6 +48,8 @@ NB_MODULE(_verify_kernel, m) {
         "mx.logsumexp of each float32 row [N, V] -> [N], bit for bit as MLX's x86 CPU build computes it.");
   m.def("mlx_swiglu", &mlxspec::mlx_swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mlx-lm's swiglu(gate, up) for float32 arrays of one shape, bit for bit, its exps vectorized.");
+  m.def("mlx_rms_norm", &mlxspec::mlx_rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mx.fast.rms_norm(x, weight, eps) for float32 x [..., D] and weight [D], bit for bit MLX's CPU fallback.");
   m.def("top_candidates", &mlxspec::top_candidates, "x"_a, "count"_a, nb::kw_only(), "stream"_a = nb::none(),
         "(values [N, C], indices [N, C] uint32): each row's C largest, best first, ties by lower index.");
   m.def("affine_reference", &mlxspec::affine_reference, "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a,

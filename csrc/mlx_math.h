@@ -61,4 +61,20 @@ MLXSPEC_NO_CONTRACT inline float mlx_swiglu(float gate, float up) {
   return (gate * mlx_sigmoid(gate)) * up;
 }
 
+// One row of MLX's CPU rms_norm fallback (mlx/fast.cpp): square, mean (a sum one term at a time, MLX's x86 reduce
+// having one lane, then times float(1 / D)), plus eps, rsqrt as 1 / sqrt, then x times it, then times the weight.
+MLXSPEC_NO_CONTRACT inline void mlx_rms_norm_row(const float* x, const float* weight, float eps, int64_t d, float* out) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  float sum = 0.0f;
+  for (int64_t i = 0; i < d; ++i) {
+    const float square = x[i] * x[i];
+    sum = sum + square;
+  }
+  const float mean = (0.0f + sum) * float(1.0 / double(d));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  for (int64_t i = 0; i < d; ++i) out[i] = (x[i] * scale) * weight[i];
+}
+
 }  // namespace mlxspec

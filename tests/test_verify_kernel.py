@@ -164,6 +164,31 @@ def test_the_kernel_swiglu_leaves_what_it_does_not_take_to_mlx_lm():
     assert stand_in(g, u).shape == (4, 8)  # broadcast shapes: mlx-lm's
 
 
+def test_the_kernel_rms_norm_is_mlx_fasts_bit_for_bit():
+    rng = np.random.default_rng(1)
+    for d in (1, 7, 256, 640, 1536):  # Gemma's head norms, both beds' hidden sizes, odd widths
+        for scale in (1e-3, 1.0, 40.0, 1e4):
+            x = mx.array((rng.standard_normal((3, 2, d)) * scale).astype(np.float32))
+            w = mx.array(rng.standard_normal(d).astype(np.float32))
+            for eps in (1e-6, 1e-5):
+                assert same_bits(BACKEND.rms_norm(x, w, eps), mx.fast.rms_norm(x, w, eps)), (d, scale, eps)
+    edges = mx.array(np.array([EDGES[:16]], dtype=np.float32))  # overflowing squares, zeros, infinities
+    assert same_bits(BACKEND.rms_norm(edges, mx.ones((16,)), 1e-6), mx.fast.rms_norm(edges, mx.ones((16,)), 1e-6))
+    strided = mx.array(rng.standard_normal((64, 4)).astype(np.float32)).T  # made contiguous first
+    w = mx.array(rng.standard_normal(64).astype(np.float32))
+    assert same_bits(BACKEND.rms_norm(strided, w, 1e-6), mx.fast.rms_norm(strided, w, 1e-6))
+
+
+def test_the_norm_stand_in_is_mlx_core_but_for_rms_norm_and_leaves_what_it_does_not_take():
+    from mlxspec.kernels.norms import MxWithKernelNorm
+
+    stand_in = MxWithKernelNorm(BACKEND)
+    assert stand_in.array is mx.array and stand_in.fast.rope is mx.fast.rope  # every other name is mlx.core's
+    x16, w16 = mx.ones((2, 8), dtype=mx.float16), mx.ones((8,), dtype=mx.float16)
+    assert stand_in.fast.rms_norm(x16, w16, 1e-6).dtype == mx.float16  # MLX's own
+    assert stand_in.fast.rms_norm(mx.ones((2, 8)), None, 1e-6).shape == (2, 8)  # no weight: MLX's own
+
+
 # ---- routing a model's layers ----
 
 
@@ -187,6 +212,8 @@ def test_the_routed_view_keeps_the_logits_shares_the_weights_and_leaves_the_mode
     # a GELU
     assert attention == (model.args.num_hidden_layers if family == "llama" else 0)
     assert swiglu == (model.args.num_hidden_layers if family == "llama" else 0)
+    norms = sum("mx" in getattr(t, "routed", ()) for t in routed)  # every RMS norm: two a layer and the final one
+    assert norms == (2 if family == "llama" else 4) * model.args.num_hidden_layers + 1
     assert count == sum(t in (verify_kernel.VerifyLinear, verify_kernel.VerifyEmbedding) for t in routed) + attention
     assert_close(view(tokens), before_logits, mx.float32)
     assert layer_types(model) == before_types  # the model itself is never changed

@@ -44,7 +44,8 @@ class CPUExtension:
     def __init__(self, module):
         self.module = module
         self.threads = module.threads()
-        self.has_swiglu = hasattr(module, "mlx_swiglu")  # a kernel built before it had none
+        self.has_swiglu = hasattr(module, "mlx_swiglu")  # a kernel built before them had neither
+        self.has_rms_norm = hasattr(module, "mlx_rms_norm")
 
     def matmul(self, x: mx.array, w: mx.array) -> mx.array:
         return self.module.verify_matmul(x, w, stream=mx.cpu)
@@ -74,6 +75,10 @@ class CPUExtension:
     def swiglu(self, gate: mx.array, x: mx.array) -> mx.array:
         """mlx-lm's swiglu(gate, x) for float32 arrays of one shape, bit for bit (activations.py)."""
         return self.module.mlx_swiglu(gate, x, stream=mx.cpu)
+
+    def rms_norm(self, x: mx.array, weight: mx.array, eps: float) -> mx.array:
+        """mx.fast.rms_norm(x, weight, eps) for float32 x [..., D] and weight [D], bit for bit (norms.py)."""
+        return self.module.mlx_rms_norm(x, weight, eps, stream=mx.cpu)
 
     def logsumexp(self, x: mx.array) -> mx.array:
         """[N, V] float32 -> [N, 1]."""

@@ -1,10 +1,10 @@
 """Stand-ins for the module-level functions mlx-lm's model files call by their global names.
 
-mlx-lm's model files call `scaled_dot_product_attention` (mlx_lm.models.base) and `swiglu`
-(mlx_lm.models.activations) by the names they import. The routed view of a target (verify.routed_view) gives each
-module whose methods call one of them a subclass whose methods are the same code over a copy of their module's
-globals, in which that name means the kernel's stand-in. Nothing shared is patched: the model itself, and mlx-lm's
-own generate on it, still call mlx-lm's functions. No model file is forked.
+mlx-lm's model files call `scaled_dot_product_attention` (mlx_lm.models.base), `swiglu`
+(mlx_lm.models.activations) and `mx.fast.rms_norm` by the names they import. The routed view of a target
+(verify.routed_view) gives each module whose methods call one of them a subclass whose methods are the same code
+over a copy of their module's globals, in which that name means the kernel's stand-in. Nothing shared is patched:
+the model itself, and mlx-lm's own generate on it, still call mlx-lm's functions. No model file is forked.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from typing import Any, NamedTuple
 
 
 class StandIn(NamedTuple):
-    """`replacement` for the global `name` wherever a method's globals hold `original` under that name."""
+    """`replacement` for the global `name` wherever a method's globals hold `original` under that name (and its code
+    names every one of `also_names`: `mx` only in the methods that call `mx.fast.rms_norm`)."""
 
     name: str
     original: Any
     replacement: Any
+    also_names: tuple[str, ...] = ()
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,6 +50,7 @@ def _calls(function: Any, stand_in: StandIn) -> bool:
     return (
         isinstance(function, types.FunctionType)
         and stand_in.name in function.__code__.co_names
+        and all(name in function.__code__.co_names for name in stand_in.also_names)
         and function.__globals__.get(stand_in.name) is stand_in.original
     )
 

@@ -27,6 +27,7 @@ from mlxspec.kernels.attention import SDPA_NAME, attention_stand_in, kernel_atte
 from mlxspec.kernels.backend import CPUExtension, CPUInt8Activations, VerifyBackend
 from mlxspec.kernels.many_rows import MAX_ROWS, in_row_chunks, prompt_rows_active, widened_product
 from mlxspec.kernels.many_rows import rows_of as _rows
+from mlxspec.kernels.norms import rms_norm_stand_in
 from mlxspec.kernels.rebinding import StandIn, routed_class
 from mlxspec.options import KERNEL_CHOICES
 
@@ -273,9 +274,9 @@ def routed_view(model: nn.Module, backend: VerifyBackend | None, attention: bool
 
 
 def stand_ins(backend: VerifyBackend, attention: bool) -> tuple[StandIn, ...]:
-    """The mlx-lm functions the view's modules call the kernel for instead: attention (unless attention=False) and
-    swiglu (bitwise mlx-lm's, so always)."""
-    found = [swiglu_stand_in(backend)]
+    """The mlx-lm functions the view's modules call the kernel for instead: attention (unless attention=False),
+    swiglu and the RMS norm (both bitwise MLX's, so always)."""
+    found = [swiglu_stand_in(backend), rms_norm_stand_in(backend)]
     if attention:
         found.append(attention_stand_in(kernel_attention(backend, MAX_ROWS)))
     return tuple(s for s in found if s is not None)
