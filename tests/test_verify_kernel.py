@@ -134,8 +134,26 @@ def same_bits(a: mx.array, b: mx.array) -> bool:
     return bool(np.all((x.view(np.uint32) == y.view(np.uint32)) | (np.isnan(x) & np.isnan(y))))
 
 
-EDGES = [0.0, -0.0, 1e-30, -1e-30, 1e-45, 88.0, 88.1, -88.0, -88.1, 87.9, -87.9, 100.0, -100.0, 3.4e38, -3.4e38,
-         np.inf, -np.inf, np.nan]
+EDGES = [
+    0.0,
+    -0.0,
+    1e-30,
+    -1e-30,
+    1e-45,
+    88.0,
+    88.1,
+    -88.0,
+    -88.1,
+    87.9,
+    -87.9,
+    100.0,
+    -100.0,
+    3.4e38,
+    -3.4e38,
+    np.inf,
+    -np.inf,
+    np.nan,
+]
 
 
 def test_the_kernel_swiglu_is_mlx_lms_bit_for_bit():
