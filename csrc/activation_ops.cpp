@@ -1,4 +1,4 @@
-// CPU implementations of the MLP activations (see activation_ops.h).
+// CPU implementations of the layer ops MLX computes slowly on the CPU (see activation_ops.h).
 #include "activation_ops.h"
 
 #include <stdexcept>
@@ -23,6 +23,18 @@ MLXSPEC_NO_CONTRACT void swiglu_values(const float* gate, const float* up, float
   for (int64_t i = 0; i < n; ++i) out[i] = mlx_swiglu(gate[i], up[i]);
 }
 
+// Both ops' preamble: out allocated, inputs and out registered with the stream's encoder, then body(out's floats)
+// dispatched on it.
+template <typename Body>
+void dispatch_float_output(Stream stream, const std::vector<array>& inputs, array& out, Body body) {
+  out.set_data(allocator::malloc(out.nbytes()));
+  auto& encoder = cpu::get_command_encoder(stream);
+  for (const auto& input : inputs) encoder.set_input_array(input);
+  encoder.set_output_array(out);
+  float* dst = out.data<float>();
+  encoder.dispatch([=]() { body(dst); });
+}
+
 }  // namespace
 
 array mlx_swiglu(const array& gate, const array& up, StreamOrDevice s) {
@@ -35,16 +47,10 @@ array mlx_swiglu(const array& gate, const array& up, StreamOrDevice s) {
 }
 
 void Swiglu::eval_cpu(const std::vector<array>& inputs, array& out) {
-  out.set_data(allocator::malloc(out.nbytes()));
-  auto& encoder = cpu::get_command_encoder(stream());
-  encoder.set_input_array(inputs[0]);
-  encoder.set_input_array(inputs[1]);
-  encoder.set_output_array(out);
   const float* gate = inputs[0].data<float>();
   const float* up = inputs[1].data<float>();
-  float* dst = out.data<float>();
   const int64_t n = out.size();
-  encoder.dispatch([=]() { swiglu_values(gate, up, dst, n); });
+  dispatch_float_output(stream(), inputs, out, [=](float* dst) { swiglu_values(gate, up, dst, n); });
 }
 
 array mlx_rms_norm(const array& x, const array& weight, float eps, StreamOrDevice s) {
@@ -58,17 +64,11 @@ array mlx_rms_norm(const array& x, const array& weight, float eps, StreamOrDevic
 }
 
 void RmsNorm::eval_cpu(const std::vector<array>& inputs, array& out) {
-  out.set_data(allocator::malloc(out.nbytes()));
-  auto& encoder = cpu::get_command_encoder(stream());
-  encoder.set_input_array(inputs[0]);
-  encoder.set_input_array(inputs[1]);
-  encoder.set_output_array(out);
   const float* x = inputs[0].data<float>();
   const float* weight = inputs[1].data<float>();
-  float* dst = out.data<float>();
   const int64_t d = inputs[1].size(), rows = d == 0 ? 0 : out.size() / d;
   const float eps = eps_;
-  encoder.dispatch([=]() {
+  dispatch_float_output(stream(), inputs, out, [=](float* dst) {
     for (int64_t r = 0; r < rows; ++r) mlx_rms_norm_row(x + r * d, weight, eps, d, dst + r * d);
   });
 }

@@ -295,7 +295,7 @@ def _view(value: Any, routing: _Routing, memo: dict[int, Any]) -> Any:
     if isinstance(value, nn.Module):
         routed = route_layer(value, routing.backend)
         if routed is value:
-            cls = routed_class(value.__class__, routing.stand_ins) if routing.stand_ins else value.__class__
+            cls = routed_class(value.__class__, routing.stand_ins)  # the class itself where no stand-in applies
             routed = cls.__new__(cls)
             routed.__dict__.update({k: v for k, v in value.__dict__.items() if k != VIEWS_KEY})
             memo[id(value)] = routed
